@@ -1,0 +1,45 @@
+# The two commands: `make demo` and `make test`. Both create/refresh .venv first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fleetscope-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test venv lint typecheck bench clean browser-deps
+
+venv: $(STAMP)
+
+# torch==2.13.0 (the local CPU build) goes in before anything that depends on torch,
+# so pip never pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[all,dev]"
+	touch $(STAMP)
+
+demo: venv
+	$(VENV)/bin/fleetscope demo
+
+# Debian's chromium + chromium-driver for the browser tests (never a downloaded browser).
+browser-deps:
+	@if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian chromium + chromium-driver for the browser tests"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+	      || echo "warning: could not install chromium; browser tests will be skipped"; \
+	  else echo "warning: chromium not installed and not root; browser tests will be skipped"; fi; \
+	fi
+
+test: venv browser-deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) .fleetscope test-artifacts .pytest_cache
