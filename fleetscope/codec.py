@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 import math
 import struct
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc

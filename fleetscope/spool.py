@@ -25,9 +25,9 @@ import json
 import os
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 MAGIC = b"FSP1"
 HEADER = struct.Struct("<4sII")

@@ -16,8 +16,9 @@ tensor-parallel group of stage 0, replica 1; ``pp.dp1.tp0`` is one pipeline chai
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final, Iterator
+from typing import Final
 
 AXES: Final = ("dp", "pp", "tp")
 DEFAULT_ORDER: Final = "tp-dp-pp"
@@ -184,7 +185,7 @@ class Topology:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "order": self.order}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Topology":
+    def from_dict(cls, d: dict) -> Topology:
         return cls(
             dp=int(d.get("dp", 1)),
             tp=int(d.get("tp", 1)),

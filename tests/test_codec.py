@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 
 from fleetscope import codec
-from fleetscope.schema import RECORD_TYPES, ColType, SCHEMA_VERSION
+from fleetscope.schema import RECORD_TYPES, SCHEMA_VERSION, ColType
 
 
 def sample_row(rt, i=0):
