@@ -1,0 +1,141 @@
+"""The FastAPI application factory.
+
+``create_app(settings)`` builds the app; its lifespan opens the ClickHouse store
+(running migrations), opens the control-plane DB (running Alembic), starts the ingest
+writer and then every service factory in :data:`fleetscope.server.services.SERVICES`.
+
+Routes are found, not listed: every module in ``fleetscope.server.api.routes`` that
+defines ``router`` (an ``APIRouter``) is included under ``/api/v1``; one that also
+defines ``root_router`` gets it included at ``/`` (health checks). A module with
+``PUBLIC = True`` is exempt from the optional bearer token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import pkgutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fleetscope.server.settings import Settings
+
+from fleetscope import __version__
+from fleetscope.config import API_PREFIX
+
+log = logging.getLogger("fleetscope.server")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the fleetscope server app (API + collector + services).
+
+    Args:
+        settings: server settings; default: read from ``FLEETSCOPE_*`` env vars.
+    """
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await _startup(app, settings)
+        try:
+            yield
+        finally:
+            await _shutdown(app)
+
+    app = FastAPI(
+        title="fleetscope",
+        version=__version__,
+        description="Observability and diagnosis for 3D-parallel LLM training fleets.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.ready = False
+    app.state.services = []
+    include_routes(app)
+    if settings.ui:
+        _mount_ui(app, settings)
+    return app
+
+
+def include_routes(app: FastAPI) -> list[str]:
+    """Include every route module of ``fleetscope.server.api.routes``; returns their names."""
+    from fleetscope.server.api import routes
+    from fleetscope.server.api.deps import require_token
+
+    names = []
+    for info in sorted(pkgutil.iter_modules(routes.__path__), key=lambda i: i.name):
+        module = importlib.import_module(f"{routes.__name__}.{info.name}")
+        deps = [] if getattr(module, "PUBLIC", False) else [Depends(require_token)]
+        router = getattr(module, "router", None)
+        if router is not None:
+            app.include_router(router, prefix=API_PREFIX, dependencies=deps)
+            names.append(info.name)
+        root = getattr(module, "root_router", None)
+        if root is not None:
+            app.include_router(root, dependencies=deps)
+    return names
+
+
+def _mount_ui(app: FastAPI, settings: Settings) -> None:
+    try:
+        from fleetscope.dashboard.mount import mount_dashboard  # type: ignore[import-not-found]
+    except ImportError:
+        return
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    mount_dashboard(app, f"http://{host}:{settings.port}{API_PREFIX}")
+
+
+async def _startup(app: FastAPI, settings: Settings) -> None:
+    from fleetscope.collector.writer import IngestWriter
+    from fleetscope.server.db import open_db
+    from fleetscope.server.services import SERVICES
+    from fleetscope.server.store import Store
+
+    store = await asyncio.to_thread(Store.open, settings.store_url, settings.ttl_days)
+    app.state.store = store
+    app.state.db = await asyncio.to_thread(open_db, settings.db_url)
+    collector = IngestWriter(
+        store,
+        app.state.db,
+        max_queue_rows=settings.max_queue_rows,
+        max_insert_rows=settings.max_insert_rows,
+        linger_s=settings.coalesce_linger_ms / 1000,
+        retry_after_s=settings.retry_after_s,
+    )
+    await collector.start()
+    app.state.collector = collector
+    services: list[Any] = []
+    for factory in SERVICES:
+        service = factory(app)
+        await service.start()
+        services.append(service)
+    app.state.services = services
+    app.state.ready = True
+    log.info("fleetscope server ready: store %s, db %s", store.url.redacted(), _redact_db(settings.db_url))
+
+
+async def _shutdown(app: FastAPI) -> None:
+    app.state.ready = False
+    for service in reversed(app.state.services):
+        try:
+            await service.stop()
+        except Exception:
+            log.exception("stopping service %r failed", service)
+    collector = getattr(app.state, "collector", None)
+    if collector is not None:
+        await collector.stop()
+    store = getattr(app.state, "store", None)
+    if store is not None:
+        store.close()
+    db = getattr(app.state, "db", None)
+    if db is not None:
+        db.kw["bind"].dispose()
+
+
+def _redact_db(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

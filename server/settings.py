@@ -1,0 +1,101 @@
+"""Server settings: one pydantic-settings object, read from ``FLEETSCOPE_*`` env vars.
+
+Command-line flags of ``fleetscope server`` override the environment. Validators
+refuse unsafe or nonsensical values with a message naming the setting.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fleetscope.config import (
+    DEFAULT_DB_URL,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_STORE_URL,
+    ENV_PREFIX,
+)
+
+MiB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """Configuration of the fleetscope server (API + collector + background services)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    store_url: str = DEFAULT_STORE_URL
+    """ClickHouse store: ``chdb:///abs/dir``, ``chdb://rel/dir`` or ``http(s)://user:pass@host:port/db``."""
+    db_url: str = DEFAULT_DB_URL
+    """Control-plane SQL database (SQLAlchemy URL): SQLite by default, PostgreSQL by URL."""
+    host: str = DEFAULT_HOST
+    """Interface to bind. Loopback unless told otherwise."""
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    """TCP port (0: any free port)."""
+    token: SecretStr | None = None
+    """Static bearer token required on every /api/v1 route except health, if set."""
+    allow_unauthenticated_remote: bool = False
+    """Permit binding a non-loopback interface without a token (e.g. behind a trusted proxy)."""
+    ui: bool = True
+    """Mount the dashboard at /ui when the dashboard component is installed."""
+    ttl_days: int = Field(30, ge=0, le=3650)
+    """Days raw telemetry is kept (0: forever)."""
+    max_request_bytes: int = Field(64 * MiB, ge=1024, le=1024 * MiB)
+    """Largest accepted ingest body; bigger requests get 413."""
+    max_queue_rows: int = Field(8_000_000, ge=1000, le=200_000_000)
+    """Rows accepted but not yet written; beyond it ingest answers 429 + Retry-After."""
+    max_insert_rows: int = Field(2_000_000, ge=1000, le=50_000_000)
+    """Most rows the writer coalesces into one insert per table."""
+    coalesce_linger_ms: float = Field(2.0, ge=0, le=1000)
+    """How long the writer waits for more batches before an insert."""
+    retry_after_s: int = Field(1, ge=1, le=300)
+    """Retry-After sent with 429 responses."""
+    log_level: str = "info"
+    """Python / uvicorn log level."""
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        v = v.lower()
+        if v not in ("critical", "error", "warning", "info", "debug"):
+            raise ValueError(f"log_level {v!r}: expected critical, error, warning, info or debug")
+        return v
+
+    @field_validator("store_url")
+    @classmethod
+    def _store(cls, v: str) -> str:
+        from fleetscope.server.store.url import parse_store_url
+
+        parse_store_url(v)  # raises naming the URL
+        return v
+
+    @field_validator("db_url")
+    @classmethod
+    def _db(cls, v: str) -> str:
+        if not v.startswith(("sqlite:", "postgresql:", "postgresql+")):
+            raise ValueError(f"db_url {v!r}: expected sqlite:///path or postgresql://...")
+        return v
+
+    @model_validator(mode="after")
+    def _safe_bind(self) -> Settings:
+        if not is_loopback(self.host) and self.token is None and not self.allow_unauthenticated_remote:
+            raise ValueError(
+                f"host {self.host!r} is not a loopback address: set FLEETSCOPE_TOKEN (a bearer "
+                "token) or FLEETSCOPE_ALLOW_UNAUTHENTICATED_REMOTE=true to serve it unauthenticated"
+            )
+        if self.token is not None and len(self.token.get_secret_value()) < 16:
+            raise ValueError("token: must be at least 16 characters")
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback IP addresses."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

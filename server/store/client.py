@@ -1,0 +1,139 @@
+"""The telemetry store: a thin wrapper over clickhouse-connect clients.
+
+The same class serves the embedded engine (chDB, registered by chdb as a
+clickhouse-connect backend) and a ClickHouse server over HTTP(S): only the client
+construction differs. A chdb client serialises calls on its handle, so the store hands
+out separate clients for the ingest writer (:meth:`Store.new_client`) and for queries
+(:attr:`Store.client`); both see the same engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import clickhouse_connect
+import pyarrow as pa
+
+from .migrations import migrate
+from .url import StoreURL, StoreURLError, parse_store_url
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or used; the message says which store and why."""
+
+
+class Store:
+    """A ClickHouse store (embedded chDB or remote server) with the fleetscope schema.
+
+    Attributes:
+        url: the parsed store URL.
+        client: clickhouse-connect client used for queries.
+    """
+
+    def __init__(self, url: StoreURL, client: Any) -> None:
+        self.url = url
+        self.client = client
+        self._extra: list[Any] = []
+        self._lock = threading.Lock()
+
+    # ---- construction -----------------------------------------------------------
+    @classmethod
+    def open(cls, url: str | StoreURL | None = None, ttl_days: int = 30, migrate_schema: bool = True) -> Store:
+        """Connect to the store at ``url`` and (by default) apply pending migrations.
+
+        Raises:
+            StoreURLError: the URL is malformed.
+            StoreError: the store cannot be reached or opened.
+        """
+        parsed = url if isinstance(url, StoreURL) else parse_store_url(url)
+        store = cls(parsed, _connect(parsed))
+        if migrate_schema:
+            try:
+                migrate(store.client, ttl_days)
+            except Exception as e:
+                store.close()
+                raise StoreError(f"store {parsed.redacted()}: migration failed: {e}") from e
+        return store
+
+    def new_client(self) -> Any:
+        """A second client on the same store (its own chdb handle / HTTP session)."""
+        client = _connect(self.url)
+        with self._lock:
+            self._extra.append(client)
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._extra = self._extra, []
+        for c in [*clients, self.client]:
+            try:
+                c.close()
+            except Exception:  # closing is best effort
+                log.debug("closing store client failed", exc_info=True)
+
+    # ---- queries (always parameterised: {name:Type} placeholders) ----------------
+    def query_df(self, sql: str, params: Mapping[str, Any] | None = None):
+        """Run a SELECT and return a pandas DataFrame."""
+        return self.client.query_df(sql, parameters=dict(params or {}))
+
+    def query_rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Run a SELECT and return its rows as dicts (column name -> value)."""
+        result = self.client.query(sql, parameters=dict(params or {}))
+        names = result.column_names
+        return [dict(zip(names, row)) for row in result.result_rows]
+
+    def query_arrow(self, sql: str, params: Mapping[str, Any] | None = None) -> pa.Table:
+        """Run a SELECT and return an Arrow table."""
+        return self.client.query_arrow(sql, parameters=dict(params or {}))
+
+    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
+        return self.client.command(sql, parameters=dict(params or {}))
+
+    def insert_arrow(self, table_name: str, table: pa.Table, settings: Mapping[str, Any] | None = None) -> None:
+        """Insert an Arrow table into ``table_name`` (columns by name)."""
+        self.client.insert_arrow(table_name, table, settings=dict(settings or {}))
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.client.command("SELECT 1") == 1)
+        except Exception:
+            return False
+
+
+def _connect(url: StoreURL) -> Any:
+    try:
+        if url.embedded:
+            os.makedirs(url.path, exist_ok=True)
+            return clickhouse_connect.get_client(dsn=f"chdb://{url.path}")
+        client = clickhouse_connect.get_client(
+            host=url.host,
+            port=url.port,
+            username=url.username,
+            password=url.password,
+            secure=url.scheme == "https",
+            database="default",
+            compress="lz4",
+        )
+        if url.database != "default":
+            client.command(f"CREATE DATABASE IF NOT EXISTS `{url.database}`")
+            client.close()
+            client = clickhouse_connect.get_client(
+                host=url.host,
+                port=url.port,
+                username=url.username,
+                password=url.password,
+                secure=url.scheme == "https",
+                database=url.database,
+                compress="lz4",
+            )
+        return client
+    except StoreURLError:
+        raise
+    except Exception as e:
+        raise StoreError(f"cannot open store {url.redacted()}: {e}") from e

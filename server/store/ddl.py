@@ -1,0 +1,176 @@
+"""ClickHouse DDL derived from :mod:`fleetscope.schema` (never written by hand).
+
+Every record type becomes one MergeTree table named after it:
+
+* columns and types from the record type (``CLICKHOUSE_TYPES``), plus the hidden
+  ``_batch`` column (the ingest batch id, see :mod:`fleetscope.collector.writer`);
+* ``ORDER BY`` the record type's ``order_by`` (the hot query prefix);
+* ``PARTITION BY`` the day of the record type's ``time_column``;
+* ``TTL`` ``ttl_days`` after that time (``0`` disables it);
+* ``non_replicated_deduplication_window`` so ``insert_deduplication_token`` works.
+
+Derived objects: ``ingest_batches`` (which batch wrote which table, fed by one
+materialized view per table) and ``step_rollup`` (per job, attempt, step, rank: section
+time by kind, collective time by axis, step duration), fed by materialized views from
+``sections``, ``collectives`` and ``steps`` so the heat map and the step breakdown
+never scan raw events.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from fleetscope.schema import CLICKHOUSE_TYPES, RECORD_TYPES, RecordType
+
+BATCH_COLUMN: Final = "_batch"
+"""Hidden column holding the ingest batch id (Idempotency-Key) of every row."""
+BATCHES_TABLE: Final = "ingest_batches"
+ROLLUP_TABLE: Final = "step_rollup"
+DEDUP_WINDOW: Final = 10_000
+"""Blocks remembered per table for ``insert_deduplication_token``."""
+
+ROLLUP_SUM_COLUMNS: Final = (
+    "compute_ns",
+    "dataloader_ns",
+    "optimizer_ns",
+    "other_ns",
+    "comm_ns",
+    "comm_dp_ns",
+    "comm_tp_ns",
+    "comm_pp_ns",
+    "comm_world_ns",
+    "num_collectives",
+    "num_sections",
+)
+"""Additive per-rank-per-step counters of ``step_rollup``."""
+
+
+def _seconds(col: str) -> str:
+    return f"toDateTime(intDiv({col}, 1000000000))"
+
+
+def _settings() -> str:
+    return f"SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}"
+
+
+def ttl_clause(rt: RecordType, ttl_days: int) -> str:
+    """The TTL expression of a record table ("" when ``ttl_days`` is 0)."""
+    if ttl_days <= 0:
+        return ""
+    return f"TTL {_seconds(rt.time_column)} + toIntervalDay({int(ttl_days)})"
+
+
+def column_defs(rt: RecordType) -> list[tuple[str, str]]:
+    """(name, ClickHouse type) of every stored column, the hidden one last."""
+    cols = [(c.name, CLICKHOUSE_TYPES[c.type]) for c in rt.columns]
+    return cols + [(BATCH_COLUMN, "LowCardinality(String)")]
+
+
+def create_record_table(rt: RecordType, ttl_days: int) -> str:
+    cols = ",\n  ".join(f"`{n}` {t}" for n, t in column_defs(rt))
+    order = ", ".join(f"`{c}`" for c in rt.order_by)
+    return (
+        f"CREATE TABLE IF NOT EXISTS `{rt.name}` (\n  {cols}\n) ENGINE = MergeTree\n"
+        f"PARTITION BY toDate({_seconds(rt.time_column)})\n"
+        f"ORDER BY ({order})\n{ttl_clause(rt, ttl_days)}\n{_settings()}"
+    )
+
+
+def create_batches_table() -> str:
+    return (
+        f"CREATE TABLE IF NOT EXISTS `{BATCHES_TABLE}` (\n"
+        "  `batch` String,\n  `table` LowCardinality(String),\n  `rows` UInt64,\n"
+        "  `written_at` DateTime DEFAULT now()\n"
+        ") ENGINE = ReplacingMergeTree\nORDER BY (`batch`, `table`)\n"
+        "TTL written_at + toIntervalDay(30)\n" + _settings()
+    )
+
+
+def create_batches_view(rt: RecordType) -> str:
+    return (
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS `{BATCHES_TABLE}_{rt.name}_mv` "
+        f"TO `{BATCHES_TABLE}` (`batch` String, `table` LowCardinality(String), `rows` UInt64) AS\n"
+        f"SELECT `{BATCH_COLUMN}` AS batch, '{rt.name}' AS `table`, count() AS rows "
+        f"FROM `{rt.name}` GROUP BY `{BATCH_COLUMN}`"
+    )
+
+
+def create_rollup_table(ttl_days: int) -> str:
+    sums = ",\n  ".join(f"`{c}` SimpleAggregateFunction(sum, Int64)" for c in ROLLUP_SUM_COLUMNS)
+    ttl = f"TTL {_seconds('day_ns')} + toIntervalDay({int(ttl_days)})\n" if ttl_days > 0 else ""
+    return (
+        f"CREATE TABLE IF NOT EXISTS `{ROLLUP_TABLE}` (\n"
+        "  `job` LowCardinality(String),\n  `attempt` Int32,\n  `step` Int64,\n  `rank` Int32,\n"
+        "  `day_ns` SimpleAggregateFunction(max, Int64),\n"
+        f"  {sums},\n"
+        "  `step_start_ns` SimpleAggregateFunction(min, Int64),\n"
+        "  `step_end_ns` SimpleAggregateFunction(max, Int64),\n"
+        "  `step_ns` SimpleAggregateFunction(max, Int64)\n"
+        ") ENGINE = AggregatingMergeTree\n"
+        "PARTITION BY toDate(toDateTime(intDiv(day_ns, 1000000000)))\n"
+        "ORDER BY (`job`, `attempt`, `step`, `rank`)\n" + ttl + _settings()
+    )
+
+
+_ROLLUP_COLUMNS = (
+    "job LowCardinality(String), attempt Int32, step Int64, rank Int32, day_ns Int64, "
+    + ", ".join(f"{c} Int64" for c in ROLLUP_SUM_COLUMNS)
+    + ", step_start_ns Int64, step_end_ns Int64, step_ns Int64"
+)
+
+
+def _rollup_view(name: str, source: str, values: dict[str, str], time_col: str) -> str:
+    cols = []
+    for c in ROLLUP_SUM_COLUMNS:
+        cols.append(f"toInt64({values.get(c, '0')}) AS {c}")
+    # No step marker yet: neutral values for min/max so a later marker wins.
+    cols.append(f"toInt64({values.get('step_start_ns', '9223372036854775807')}) AS step_start_ns")
+    cols.append(f"toInt64({values.get('step_end_ns', '0')}) AS step_end_ns")
+    cols.append(f"toInt64({values.get('step_ns', '0')}) AS step_ns")
+    select = ", ".join(cols)
+    return (
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS `{ROLLUP_TABLE}_{name}_mv` TO `{ROLLUP_TABLE}` "
+        f"({_ROLLUP_COLUMNS}) AS\n"
+        f"SELECT job, attempt, step, rank, max({time_col}) AS day_ns, {select}\n"
+        f"FROM `{source}` WHERE rank >= 0 GROUP BY job, attempt, step, rank"
+    )
+
+
+def rollup_views() -> list[str]:
+    """Materialized views feeding ``step_rollup`` from sections, collectives and steps."""
+    dur = "if(duration_ns > 0, duration_ns, 0)"
+    sections = {
+        "compute_ns": f"sumIf({dur}, kind = 'compute')",
+        "dataloader_ns": f"sumIf({dur}, kind = 'dataloader')",
+        "optimizer_ns": f"sumIf({dur}, kind = 'optimizer')",
+        "other_ns": f"sumIf({dur}, kind NOT IN ('compute', 'dataloader', 'optimizer'))",
+        "num_sections": "count()",
+    }
+    collectives = {
+        "comm_ns": f"sum({dur})",
+        "comm_dp_ns": f"sumIf({dur}, axis = 'dp')",
+        "comm_tp_ns": f"sumIf({dur}, axis = 'tp')",
+        "comm_pp_ns": f"sumIf({dur}, axis = 'pp')",
+        "comm_world_ns": f"sumIf({dur}, axis NOT IN ('dp', 'tp', 'pp'))",
+        "num_collectives": "count()",
+    }
+    steps = {
+        "step_start_ns": "min(start_ns)",
+        "step_end_ns": "max(end_ns)",
+        "step_ns": f"max({dur})",
+    }
+    return [
+        _rollup_view("sections", "sections", sections, "start_ns"),
+        _rollup_view("collectives", "collectives", collectives, "enqueued_ns"),
+        _rollup_view("steps", "steps", steps, "start_ns"),
+    ]
+
+
+def schema_v1_statements(ttl_days: int) -> list[str]:
+    """Every statement of store schema version 1, in dependency order (idempotent)."""
+    stmts = [create_record_table(rt, ttl_days) for rt in RECORD_TYPES.values()]
+    stmts.append(create_batches_table())
+    stmts += [create_batches_view(rt) for rt in RECORD_TYPES.values()]
+    stmts.append(create_rollup_table(ttl_days))
+    stmts += rollup_views()
+    return stmts
