@@ -1,0 +1,168 @@
+"""Typed results of the detectors: frozen dataclasses with a ``kind`` enum.
+
+Detectors are pure functions from frames to these values; the diagnosis loop turns
+them into incidents and the REST API serialises them with :func:`finding_to_dict`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class FindingKind(str, enum.Enum):
+    """What a finding says is wrong."""
+
+    SLOW_COMPUTE = "slow_compute"
+    """A rank's own compute (forward/backward/optimizer) is slower than its peers'."""
+    SLOW_DATALOADER = "slow_dataloader"
+    """A rank spends longer loading data than its peers."""
+    LATE_ARRIVAL = "late_arrival"
+    """A rank persistently arrives last at collectives though no timed section explains it."""
+    SLOW_LINK = "slow_link"
+    """A process group's transfers are slow while its members' compute is normal."""
+    GC_PAUSE = "gc_pause"
+    """Intermittent long pauses on one rank (garbage-collector-like)."""
+    HANG = "hang"
+    """No step completed for longer than the stall threshold."""
+    COLLECTIVE_MISMATCH = "collective_mismatch"
+    """Ranks disagree on op/size/dtype for the same group sequence number."""
+    MFU_DROP = "mfu_drop"
+    """A sustained decline of model FLOPs utilisation."""
+    HEARTBEAT_LOST = "heartbeat_lost"
+    """A host or rank stopped sending heartbeats, or its process is gone."""
+    HARDWARE_ERROR = "hardware_error"
+    """GPU XID/ECC/throttle or NIC flapping seen by the agent."""
+
+
+STRAGGLER_KINDS = frozenset(
+    {
+        FindingKind.SLOW_COMPUTE,
+        FindingKind.SLOW_DATALOADER,
+        FindingKind.LATE_ARRIVAL,
+        FindingKind.SLOW_LINK,
+        FindingKind.GC_PAUSE,
+    }
+)
+
+
+class HangClass(str, enum.Enum):
+    """Why a hang's culprit does not progress."""
+
+    PROCESS_DEAD = "process_dead"
+    STUCK_IN_COMPUTE = "stuck_in_compute"
+    DATALOADER_STALL = "dataloader_stall"
+    COLLECTIVE_FAULT = "collective_fault"
+    """Stuck inside a collective/p2p op with every peer present: link or NCCL fault."""
+    COLLECTIVE_MISMATCH = "collective_mismatch"
+    UNRESPONSIVE = "unresponsive"
+    """No in-flight record and no heartbeat from the rank: nothing known."""
+    STUCK_OUTSIDE_TRACED_CODE = "stuck_outside_traced_code"
+
+
+class Severity(str, enum.Enum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis result.
+
+    ``key`` identifies the same underlying problem across ticks (kind + culprit), so the
+    loop can update an incident instead of opening a new one.
+    """
+
+    kind: FindingKind
+    job: str
+    ranks: tuple[int, ...]
+    """Culprit ranks first (the ones to look at), then affected ranks if any."""
+    score: float
+    """Detector-specific strength; > 1 means beyond the detection threshold."""
+    summary: str
+    severity: Severity = Severity.WARNING
+    hosts: tuple[str, ...] = ()
+    group_id: str = ""
+    first_step: int = -1
+    last_step: int = -1
+    est_slowdown: float = 0.0
+    """Estimated fractional job slowdown caused (0.12 = step time 12% longer)."""
+    evidence: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def key(self) -> str:
+        who = ",".join(str(r) for r in self.ranks[:4]) if not self.group_id else self.group_id
+        return f"{self.kind.value}:{who}"
+
+
+@dataclass(frozen=True)
+class HangAnalysis:
+    """The state of a possible hang at one moment."""
+
+    job: str
+    stalled: bool
+    stalled_since_ns: int
+    stalled_for_s: float
+    threshold_s: float
+    last_step: int
+    culprits: tuple[int, ...] = ()
+    hang_class: HangClass | None = None
+    group_id: str = ""
+    chain: tuple[tuple[int, int, str], ...] = ()
+    """Wait-for edges ``(waiter, waited_for, reason)`` leading from blocked ranks to the root."""
+    evidence: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def to_finding(self) -> Finding | None:
+        if not self.stalled:
+            return None
+        cls = self.hang_class.value if self.hang_class else "unknown"
+        where = f" in {self.group_id}" if self.group_id else ""
+        return Finding(
+            kind=FindingKind.HANG,
+            job=self.job,
+            ranks=self.culprits,
+            score=self.stalled_for_s / max(self.threshold_s, 1e-9),
+            summary=(
+                f"no step completed for {self.stalled_for_s:.0f}s after step {self.last_step}; "
+                f"culprit rank(s) {list(self.culprits)}: {cls}{where}"
+            ),
+            severity=Severity.CRITICAL,
+            group_id=self.group_id,
+            first_step=self.last_step + 1,
+            last_step=self.last_step + 1,
+            est_slowdown=1.0,
+            evidence={
+                "hang_class": cls,
+                "stalled_since_ns": self.stalled_since_ns,
+                "threshold_s": self.threshold_s,
+                "chain": [list(e) for e in self.chain],
+                **self.evidence,
+            },
+        )
+
+
+def finding_to_dict(f: Finding) -> dict[str, Any]:
+    """JSON-ready dict of a finding (enums as their values)."""
+    d = asdict(f)
+    d["kind"] = f.kind.value
+    d["severity"] = f.severity.value
+    d["ranks"] = list(f.ranks)
+    d["hosts"] = list(f.hosts)
+    d["key"] = f.key
+    return _jsonable(d)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, enum.Enum):
+        return v.value
+    if hasattr(v, "item") and callable(v.item):  # numpy scalar
+        return v.item()
+    if isinstance(v, float) and v != v:
+        return None
+    return v

@@ -1,0 +1,301 @@
+"""Hang detection and localisation.
+
+*Stall*: no rank completed a step for ``max(hang_min_s, hang_k x p99 recent step time)``.
+
+*Localisation* builds a wait-for graph from every rank's latest in-flight record (what
+its training thread is blocked in: a collective ``(group_id, seq)``, a p2p op with a
+peer, or a section) and its last completed sequence number per group:
+
+* a rank in collective ``G#seq`` waits for each member of ``G`` that is neither in
+  ``G#seq`` nor past it (it never reached the collective);
+* a rank in a p2p op waits for its peer unless the peer is in the matching op;
+* the roots are the ranks reached from blocked ranks that wait for nobody. A root's
+  class comes from its own state and heartbeat: process dead, stuck in compute,
+  data-loader stall, nothing known, or - when it is blocked in an op whose peers are
+  all present - a link/NCCL fault in that group (a mismatch when their ops differ).
+  Ranks that wait on each other in a cycle are a collective desync (mismatch).
+
+When every process is gone (a crash propagates through the group), the culprit is the
+rank that died first and was last seen earliest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fleetscope.topology import Topology
+
+from .breakdown import P2P_OPS
+from .findings import Finding, FindingKind, HangAnalysis, HangClass, Severity
+
+
+@dataclass(frozen=True)
+class HangConfig:
+    hang_min_s: float = 30.0
+    """Never call a stall a hang before this many seconds without a completed step."""
+    hang_k: float = 5.0
+    """...or before this many times the recent p99 step time, if longer."""
+    inflight_stale_s: float = 10.0
+    """An in-flight record older than this no longer describes the rank."""
+    heartbeat_stale_s: float = 15.0
+    """A heartbeat older than this means the host/agent is gone."""
+
+
+@dataclass(frozen=True)
+class RankState:
+    rank: int
+    kind: str
+    """collective | p2p | section | dead | idle | unknown"""
+    op: str = ""
+    group_id: str = ""
+    seq: int = -1
+    peer: int = -1
+    since_ns: int = -1
+    host: str = ""
+
+
+def stall_threshold_s(steps: pd.DataFrame, config: HangConfig) -> float:
+    """``max(hang_min_s, hang_k x p99 of the recent per-step job time)``."""
+    if steps.empty:
+        return config.hang_min_s
+    per_step = steps.groupby("step")["duration_ns"].max().sort_index().tail(50)
+    p99 = float(np.percentile(per_step.to_numpy(), 99)) / 1e9
+    return max(config.hang_min_s, config.hang_k * p99)
+
+
+def rank_states(
+    topo: Topology, inflight: pd.DataFrame, heartbeats: pd.DataFrame, now_ns: int,
+    config: HangConfig,
+) -> dict[int, RankState]:
+    """What each rank is doing now, from its latest in-flight record and heartbeat."""
+    inf = _latest(inflight, "ts_ns")
+    hb = _latest(heartbeats, "ts_ns")
+    out: dict[int, RankState] = {}
+    for r in topo.ranks():
+        h = hb.get(r)
+        host = str(h["host"]) if h is not None else ""
+        row = inf.get(r)
+        if h is not None and not bool(h["alive"]):
+            out[r] = RankState(r, "dead", host=host, since_ns=int(h.get("dead_since_ns", h["ts_ns"])))
+            continue
+        fresh = row is not None and now_ns - int(row["ts_ns"]) <= config.inflight_stale_s * 1e9
+        hb_fresh = h is not None and now_ns - int(h["ts_ns"]) <= config.heartbeat_stale_s * 1e9
+        if fresh and row["kind"] in ("collective", "p2p", "section"):
+            out[r] = RankState(r, str(row["kind"]), str(row["op"]), str(row["group_id"]),
+                               int(row["seq"]), int(row["peer"]), int(row["since_ns"]), host)
+        elif hb_fresh:
+            out[r] = RankState(r, "idle", host=host)
+        else:
+            out[r] = RankState(r, "unknown", host=host)
+    return out
+
+
+def _latest(df: pd.DataFrame, col: str) -> dict[int, pd.Series]:
+    if df is None or df.empty:
+        return {}
+    d = df[df["rank"] >= 0].sort_values(col).groupby("rank").tail(1)
+    return {int(row["rank"]): row for _, row in d.iterrows()}
+
+
+def wait_for_graph(
+    topo: Topology, states: dict[int, RankState], progress: pd.DataFrame
+) -> dict[int, list[tuple[int, str]]]:
+    """Edges ``waiter -> [(waited_for, reason)]`` between ranks."""
+    last_seq: dict[tuple[int, str], int] = {}
+    if progress is not None and not progress.empty:
+        for r, g, s in progress[["rank", "group_id", "last_seq"]].itertuples(index=False):
+            last_seq[(int(r), str(g))] = int(s)
+    edges: dict[int, list[tuple[int, str]]] = {}
+    for r, st in states.items():
+        if st.kind == "collective" and st.group_id:
+            try:
+                members = topo.parse_group_id(st.group_id)[1]
+            except ValueError:
+                continue
+            for q in members:
+                qs = states.get(q)
+                if q == r or (qs and qs.kind == "collective" and qs.group_id == st.group_id and qs.seq == st.seq):
+                    continue
+                if last_seq.get((q, st.group_id), -1) >= st.seq >= 0:
+                    continue
+                where = _where(qs)
+                edges.setdefault(r, []).append((q, f"{st.op} {st.group_id}#{st.seq}: rank {q} never arrived ({where})"))
+        elif st.kind == "p2p" and 0 <= st.peer < topo.world_size:
+            qs = states.get(st.peer)
+            want = "recv" if st.op in ("send", "isend") else "send"
+            if qs and qs.kind == "p2p" and qs.peer == r and qs.op.lstrip("i") == want:
+                continue
+            edges.setdefault(r, []).append((st.peer, f"{st.op} with rank {st.peer} ({_where(qs)})"))
+    return edges
+
+
+def _where(s: RankState | None) -> str:
+    if s is None:
+        return "no data"
+    if s.kind in ("collective", "p2p"):
+        return f"in {s.op} {s.group_id}#{s.seq}" + (f" peer {s.peer}" if s.peer >= 0 else "")
+    if s.kind == "section":
+        return f"in section {s.op}"
+    return s.kind
+
+
+def localise(
+    topo: Topology, states: dict[int, RankState], progress: pd.DataFrame,
+    last_seen: dict[int, int] | None = None,
+) -> tuple[tuple[int, ...], HangClass | None, str, tuple[tuple[int, int, str], ...], dict]:
+    """Culprit ranks (most waited-on first), class, group, wait-for chain and evidence."""
+    edges = wait_for_graph(topo, states, progress)
+    blocked = [r for r, s in states.items() if s.kind in ("collective", "p2p")]
+    dead = [r for r, s in states.items() if s.kind == "dead"]
+    evidence: dict = {
+        "blocked_ranks": sorted(blocked),
+        "dead_ranks": sorted(dead),
+        "rank_states": {str(r): _where(s) for r, s in sorted(states.items())},
+    }
+    if dead and len(dead) == len(states):  # everything is gone: who went first?
+        seen = last_seen or {}
+        key = {r: (states[r].since_ns, seen.get(r, states[r].since_ns)) for r in dead}
+        first = min(key.values())
+        culprits = tuple(sorted(r for r in dead if key[r] == first))
+        return culprits, HangClass.PROCESS_DEAD, "", (), {**evidence, "all_dead": True}
+    # ranks reachable from the blocked ones
+    reach: dict[int, int] = {}
+    chain: list[tuple[int, int, str]] = []
+    frontier = list(blocked)
+    seen_nodes = set(frontier)
+    while frontier:
+        r = frontier.pop()
+        for q, why in edges.get(r, []):
+            chain.append((r, q, why))
+            reach[q] = reach.get(q, 0) + 1
+            if q not in seen_nodes:
+                seen_nodes.add(q)
+                frontier.append(q)
+    roots = [r for r in seen_nodes if not edges.get(r)]
+    if not roots and seen_nodes:  # ranks wait on each other in a cycle: collective desync
+        cyc = sorted(r for r in seen_nodes if edges.get(r))
+        return tuple(cyc), HangClass.COLLECTIVE_MISMATCH, "", tuple(chain), evidence
+    if not roots:
+        return (), None, "", (), evidence
+    # upstream count: how many ranks (transitively) wait on each root
+    waiters = {r: _count_upstream(r, edges) for r in roots}
+    roots.sort(key=lambda r: (-waiters[r], r))
+    top = states[roots[0]]
+    group_id = ""
+    if top.kind in ("collective", "p2p"):
+        group_id = top.group_id
+        members = [r for r in roots if states[r].kind == top.kind and states[r].group_id == group_id]
+        ops = {states[r].op.lstrip("i") for r in members}
+        cls = HangClass.COLLECTIVE_FAULT
+        if top.kind == "collective" and len(ops) > 1:
+            cls = HangClass.COLLECTIVE_MISMATCH
+        culprits = tuple(sorted(members, key=lambda r: (-waiters[r], r)))
+        evidence["group_ops"] = {str(r): states[r].op for r in members}
+    else:
+        cls = {
+            "dead": HangClass.PROCESS_DEAD,
+            "unknown": HangClass.UNRESPONSIVE,
+            "idle": HangClass.STUCK_OUTSIDE_TRACED_CODE,
+        }.get(top.kind)
+        if top.kind == "section":
+            cls = HangClass.DATALOADER_STALL if "data" in top.op or "loader" in top.op else HangClass.STUCK_IN_COMPUTE
+        culprits = tuple(r for r in roots if states[r].kind not in ("collective", "p2p"))
+    evidence["num_waiting_on_culprit"] = {str(r): waiters[r] for r in culprits}
+    return culprits, cls, group_id, tuple(_chain_to(chain, set(culprits))), evidence
+
+
+def _count_upstream(root: int, edges: dict[int, list[tuple[int, str]]]) -> int:
+    rev: dict[int, list[int]] = {}
+    for a, outs in edges.items():
+        for b, _ in outs:
+            rev.setdefault(b, []).append(a)
+    seen, stack = set(), [root]
+    while stack:
+        for a in rev.get(stack.pop(), []):
+            if a not in seen:
+                seen.add(a)
+                stack.append(a)
+    return len(seen)
+
+
+def _chain_to(chain: list[tuple[int, int, str]], roots: set[int]) -> list[tuple[int, int, str]]:
+    """Edges on some path into the roots, roots' direct waiters first; capped for size."""
+    keep: list[tuple[int, int, str]] = []
+    targets = set(roots)
+    for _ in range(64):
+        layer = [e for e in chain if e[1] in targets and e not in keep]
+        if not layer:
+            break
+        keep += layer
+        targets = {e[0] for e in layer}
+    return keep[:64]
+
+
+def analyse_hang(
+    job: str,
+    topo: Topology,
+    now_ns: int,
+    steps: pd.DataFrame,
+    inflight: pd.DataFrame,
+    heartbeats: pd.DataFrame,
+    progress: pd.DataFrame,
+    started_ns: int = 0,
+    last_seen: dict[int, int] | None = None,
+    config: HangConfig = HangConfig(),
+) -> HangAnalysis:
+    """Is the job stalled, and if so, who is the culprit and why.
+
+    Args:
+        job: job id.
+        topo: topology.
+        now_ns: current time on the server's clock.
+        steps: recent ``steps`` rows (rank, step, end_ns, duration_ns).
+        inflight: recent ``inflight`` rows (latest per rank is used).
+        heartbeats: recent ``heartbeats`` rows; may carry ``dead_since_ns``.
+        progress: last completed seq per (rank, group_id) as ``last_seq``.
+        started_ns: job start, the reference when no step completed yet.
+        last_seen: rank -> time of its last record of any kind.
+        config: thresholds.
+    """
+    threshold = stall_threshold_s(steps, config)
+    last_end = int(steps["end_ns"].max()) if not steps.empty else int(started_ns)
+    last_step = int(steps["step"].max()) if not steps.empty else -1
+    stalled_for = (now_ns - last_end) / 1e9 if last_end > 0 else 0.0
+    if stalled_for < threshold:
+        return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step)
+    states = rank_states(topo, inflight, heartbeats, now_ns, config)
+    culprits, cls, gid, chain, ev = localise(topo, states, progress, last_seen)
+    ev["culprit_hosts"] = sorted({states[r].host for r in culprits if states[r].host})
+    return HangAnalysis(job, True, last_end, stalled_for, threshold, last_step, culprits, cls,
+                        gid, chain, ev)
+
+
+def detect_mismatches(job: str, collectives: pd.DataFrame) -> list[Finding]:
+    """Collectives whose members disagree on op, size or dtype for one ``(group_id, seq)``."""
+    if collectives.empty:
+        return []
+    c = collectives[~collectives["op"].isin(P2P_OPS)]
+    if c.empty:
+        return []
+    g = c.groupby(["group_id", "seq"])
+    n = g.agg(ops=("op", "nunique"), sizes=("bytes", "nunique"), dtypes=("dtype", "nunique"))
+    bad = n[(n["ops"] > 1) | (n["sizes"] > 1) | (n["dtypes"] > 1)]
+    out = []
+    for (gid, seq), _ in bad.head(16).iterrows():
+        rows = c[(c["group_id"] == gid) & (c["seq"] == seq)]
+        sig = rows[["op", "bytes", "dtype"]].astype(str).agg("/".join, axis=1)
+        common = sig.mode().iloc[0]
+        odd = rows[sig != common]
+        out.append(Finding(
+            kind=FindingKind.COLLECTIVE_MISMATCH, job=job,
+            ranks=tuple(int(r) for r in odd["rank"]) + tuple(int(r) for r in rows[sig == common]["rank"]),
+            score=float(len(odd)), severity=Severity.CRITICAL, group_id=str(gid),
+            first_step=int(rows["step"].min()), last_step=int(rows["step"].max()),
+            summary=f"{gid}#{seq}: rank(s) {sorted(odd['rank'].tolist())} called "
+                    f"{sorted(set(sig[sig != common]))} while the others called {common}",
+            evidence={"seq": int(seq), "calls": {str(r): s for r, s in zip(rows["rank"], sig)}},
+        ))
+    return out

@@ -1,0 +1,289 @@
+"""Straggler detection: ranks (or links) that persistently slow the job.
+
+Method (no per-scenario tuning; every threshold comes from the data's own noise):
+
+1. Per rank and step, the *busy* time = step time minus communication time (the rank's
+   own work), split into compute / data loading / optimizer / untimed host work, each
+   net of the communication nested in it (:mod:`.breakdown`).
+2. Each rank is compared with ranks that do comparable work: the same pipeline stage
+   (the first and last stages do extra work). The reference is the median of the
+   *other* ranks of the stage at the same step, so one straggler cannot move it. A
+   stage with a single rank is compared with its own earlier steps.
+3. The per-step log ratio rank/reference has a noise scale sigma = 1.4826 x MAD over all
+   rank-steps of the window. A rank is a *persistent* straggler when the median of its
+   recent log ratios exceeds ``z`` standard errors of a median and a minimum effect,
+   and most recent steps are above half of that.
+4. The kind is the component that explains most of the excess; intermittent spikes
+   far above the noise on one rank (and not its peers) are *GC-like pauses*.
+5. Links: per group, the time from the last member's arrival to completion is compared
+   with the other groups of the same axis in the same way (slow link when members'
+   own work is normal).
+6. The estimated job slowdown is a what-if over the pipeline schedule
+   (:mod:`.whatif`): predicted step time now vs with the culprit at its peers' median.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fleetscope.topology import Topology
+
+from .breakdown import group_transfer
+from .findings import Finding, FindingKind, Severity
+from .whatif import StepProfile, whatif
+
+COMPONENT_KIND = {
+    "compute_ns": FindingKind.SLOW_COMPUTE,
+    "optimizer_ns": FindingKind.SLOW_COMPUTE,
+    "dataloader_ns": FindingKind.SLOW_DATALOADER,
+    "untimed_ns": FindingKind.LATE_ARRIVAL,
+    "other_ns": FindingKind.LATE_ARRIVAL,
+}
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    window_steps: int = 24
+    """Steps used for the noise estimate and the GC-pause count."""
+    recent_steps: int = 8
+    """Steps a slowdown must persist over to be reported."""
+    min_steps: int = 6
+    """No verdict before this many complete steps."""
+    z: float = 4.0
+    """Standard errors above the noise a persistent excess must reach."""
+    min_effect: float = 0.03
+    """Smallest relative excess of a rank's own work reported (3%)."""
+    persist_frac: float = 0.75
+    """Fraction of recent steps that must show the excess."""
+    spike_z: float = 6.0
+    """A GC-like spike is this many sigmas above the reference..."""
+    spike_min_effect: float = 0.15
+    """...and at least this much relative excess."""
+    min_spikes: int = 3
+    link_min_effect: float = 0.5
+    """Smallest relative excess of a group's link time reported (50%)..."""
+    link_min_step_frac: float = 0.02
+    """...that also costs at least this fraction of the step time."""
+
+
+def _window(bd: pd.DataFrame, n: int) -> pd.DataFrame:
+    counts = bd.groupby("step")["rank"].nunique()
+    full = counts[counts >= counts.max()].index.sort_values()
+    return bd[bd["step"].isin(full[-n:])]
+
+
+def _matrix(bd: pd.DataFrame, col: str, ranks: list[int], steps: list[int]) -> np.ndarray:
+    m = bd.pivot_table(index="rank", columns="step", values=col, aggfunc="sum")
+    return m.reindex(index=ranks, columns=steps).fillna(0).to_numpy(dtype=float)
+
+
+def _reference(x: np.ndarray, groups: list[list[int]]) -> np.ndarray:
+    """Leave-one-out median of each row's comparison group, per column."""
+    ref = np.empty_like(x)
+    for members in groups:
+        for i in members:
+            peers = [j for j in members if j != i]
+            if peers:
+                ref[i] = np.median(x[peers], axis=0)
+            else:  # alone in its stage: its own first half as the baseline
+                half = max(x.shape[1] // 2, 1)
+                ref[i] = np.median(x[i, :half])
+    return ref
+
+
+def _log_ratio(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    floor = max(float(np.median(ref)) * 1e-3, 1.0)
+    return np.log(np.maximum(x, floor) / np.maximum(ref, floor))
+
+
+def _sigma(lr: np.ndarray) -> float:
+    med = np.median(lr)
+    return max(1.4826 * float(np.median(np.abs(lr - med))), 1e-3)
+
+
+def detect_stragglers(
+    job: str,
+    topo: Topology,
+    breakdown: pd.DataFrame,
+    arrivals: pd.DataFrame,
+    profile: StepProfile | None = None,
+    hosts: dict[int, str] | None = None,
+    config: StragglerConfig = StragglerConfig(),
+) -> list[Finding]:
+    """Persistent stragglers, GC-like pauses and slow links in the latest window.
+
+    Args:
+        job: job id.
+        topo: the job's topology.
+        breakdown: from :func:`breakdown.rank_step_breakdown`.
+        arrivals: from :func:`breakdown.collective_arrivals`.
+        profile: what-if profile of the same window (for the estimated slowdown).
+        hosts: rank -> host name, for the findings.
+        config: thresholds.
+
+    Returns:
+        Findings, strongest first.
+    """
+    hosts = hosts or {}
+    bd = _window(breakdown[breakdown["rank"].between(0, topo.world_size - 1)], config.window_steps)
+    steps = sorted(bd["step"].unique().tolist())
+    if len(steps) < config.min_steps:
+        return []
+    ranks = sorted(bd["rank"].unique().tolist())
+    idx = {r: i for i, r in enumerate(ranks)}
+    groups: dict[int, list[int]] = {}
+    for r in ranks:
+        groups.setdefault(topo.stage(r), []).append(idx[r])
+    busy = _matrix(bd, "busy_ns", ranks, steps)
+    ref = _reference(busy, list(groups.values()))
+    lr = _log_ratio(busy, ref)
+    sigma = _sigma(lr)
+    k = min(config.recent_steps, len(steps))
+    recent = lr[:, -k:]
+    thr = max(math.log1p(config.min_effect), config.z * 1.2533 * sigma / math.sqrt(k))
+    med_recent = np.median(recent, axis=1)
+    frac = (recent > thr / 2).mean(axis=1)
+    persistent = (med_recent > thr) & (frac >= config.persist_frac)
+    spike_thr = max(math.log1p(config.spike_min_effect), config.spike_z * sigma)
+    spikes = (lr > spike_thr).sum(axis=1)
+    step_ns = float(np.median(_matrix(bd, "step_ns", ranks, steps)))
+
+    comps = {c: _matrix(bd, c, ranks, steps) for c in COMPONENT_KIND}
+    comp_refs = {c: _reference(m, list(groups.values())) for c, m in comps.items()}
+    findings: list[Finding] = []
+    for r in ranks:
+        i = idx[r]
+        excess_ns = float(np.median(busy[i, -k:] - ref[i, -k:]))
+        base = {
+            "busy_ms": round(float(np.median(busy[i, -k:])) / 1e6, 3),
+            "peer_busy_ms": round(float(np.median(ref[i, -k:])) / 1e6, 3),
+            "excess_ms": round(excess_ns / 1e6, 3),
+            "noise_sigma": round(sigma, 4),
+            "threshold": round(thr, 4),
+            "stage": topo.stage(r),
+            "peers": [ranks[j] for j in groups[topo.stage(r)] if j != i],
+            "components_excess_ms": {
+                c[:-3]: round(float(np.median(comps[c][i, -k:] - comp_refs[c][i, -k:])) / 1e6, 3)
+                for c in COMPONENT_KIND
+            },
+            **_arrival_evidence(arrivals, r, steps[-k:]),
+        }
+        if persistent[i]:
+            ex = {c: float(np.median(comps[c][i, -k:] - comp_refs[c][i, -k:])) for c in COMPONENT_KIND}
+            kind = COMPONENT_KIND[max(ex, key=lambda c: ex[c])]
+            above = np.nonzero(lr[i] > thr / 2)[0]
+            run_start = _run_start(lr[i] > thr / 2)
+            findings.append(_finding(
+                job, kind, [r], float(med_recent[i] / thr), steps[run_start] if len(above) else steps[-k],
+                steps[-1], hosts, profile, excess_ns / max(step_ns, 1.0), base,
+                f"rank {r} ({topo.label(r)}) own work {math.expm1(med_recent[i]):.0%} above its stage peers",
+            ))
+        elif spikes[i] >= max(config.min_spikes, 2 + 2 * float(np.median(spikes))) and spikes[i] <= 0.6 * len(steps):
+            spike_steps = [steps[j] for j in np.nonzero(lr[i] > spike_thr)[0]]
+            pause_ns = float(np.median((busy[i] - ref[i])[lr[i] > spike_thr]))
+            mean_cost = pause_ns * spikes[i] / len(steps) / max(step_ns, 1.0)
+            findings.append(_finding(
+                job, FindingKind.GC_PAUSE, [r], float(spikes[i] / max(config.min_spikes, 1)),
+                spike_steps[0], spike_steps[-1], hosts, None, mean_cost,
+                {**base, "spike_steps": spike_steps, "median_pause_ms": round(pause_ns / 1e6, 3),
+                 "num_spikes": int(spikes[i]), "num_steps": len(steps)},
+                f"rank {r} ({topo.label(r)}) pauses intermittently: {int(spikes[i])} of {len(steps)} "
+                f"steps ~{pause_ns / 1e6:.0f} ms longer",
+            ))
+    flagged = {r for f in findings for r in f.ranks}
+    findings += _slow_links(job, topo, arrivals, steps, flagged, step_ns, hosts, profile, config)
+    return sorted(findings, key=lambda f: (-f.est_slowdown, -f.score))
+
+
+def _run_start(mask: np.ndarray) -> int:
+    """Index where the final run of True values begins (allowing single-step dips)."""
+    j = len(mask) - 1
+    while j > 0 and (mask[j - 1] or (j > 1 and mask[j - 2])):
+        j -= 1
+    return j
+
+
+def _arrival_evidence(arr: pd.DataFrame, rank: int, steps: list[int]) -> dict:
+    if arr.empty:
+        return {}
+    a = arr[arr["step"].isin(steps)]
+    mine = a[a["rank"] == rank]
+    if mine.empty:
+        return {}
+    waited = a[(a["waited_on_rank"] == rank) & ~a["is_last"].astype(bool)]
+    by_group = waited.groupby("group_id")["wait_ns"].sum().sort_values(ascending=False)
+    return {
+        "last_arrival_frac": round(float(mine["is_last"].astype(bool).mean()), 3),
+        "median_lateness_ms": round(float(mine["lateness_ns"].median()) / 1e6, 3),
+        "peers_waited_ms_per_step": round(float(waited["wait_ns"].sum()) / 1e6 / max(len(steps), 1), 3),
+        "waited_in_groups": [str(g) for g in by_group.index[:4]],
+    }
+
+
+def _finding(job, kind, ranks, score, first, last, hosts, profile, fallback_slowdown,
+             evidence, summary, group_id="") -> Finding:
+    slowdown, model = fallback_slowdown, "observed excess / step time"
+    if profile is not None:
+        w = whatif(profile, ranks=ranks if not group_id else None, group_id=group_id)
+        slowdown, model = w.slowdown, "1f1b what-if"
+        evidence = {**evidence, "predicted_step_ms": round(w.predicted_step_ns / 1e6, 3),
+                    "step_ms_if_fixed": round(w.fixed_step_ns / 1e6, 3)}
+    return Finding(
+        kind=kind, job=job, ranks=tuple(int(r) for r in ranks), score=round(score, 3),
+        summary=summary, severity=Severity.WARNING,
+        hosts=tuple(sorted({hosts[r] for r in ranks if r in hosts})), group_id=group_id,
+        first_step=int(first), last_step=int(last), est_slowdown=round(max(slowdown, 0.0), 4),
+        evidence={**evidence, "slowdown_model": model},
+    )
+
+
+def _slow_links(job, topo, arr, steps, flagged, step_ns, hosts, profile, config) -> list[Finding]:
+    gt = group_transfer(arr[arr["step"].isin(steps)]) if not arr.empty else arr
+    if gt is None or gt.empty:
+        return []
+    out: list[Finding] = []
+    lr_all, per_axis = [], {}
+    for axis, g in gt.groupby("axis"):
+        m = g.pivot_table(index="group_id", columns="step", values="transfer_ns", aggfunc="sum")
+        m = m.reindex(columns=steps).dropna(axis=1)
+        if len(m) < 3 or m.shape[1] < config.min_steps:
+            continue
+        x = m.to_numpy(dtype=float)
+        ref = _reference(x, [list(range(len(m)))])
+        lr = _log_ratio(x, ref)
+        per_axis[axis] = (m.index.tolist(), x, ref, lr)
+        lr_all.append(lr.ravel())
+    if not per_axis:
+        return []
+    sigma = _sigma(np.concatenate(lr_all))
+    for axis, (gids, x, ref, lr) in per_axis.items():
+        k = min(config.recent_steps, lr.shape[1])
+        thr = max(math.log1p(config.link_min_effect), config.z * 1.2533 * sigma / math.sqrt(k))
+        for i, gid in enumerate(gids):
+            med = float(np.median(lr[i, -k:]))
+            excess = float(np.median(x[i, -k:] - ref[i, -k:]))
+            if med <= thr or (lr[i, -k:] > thr / 2).mean() < config.persist_frac:
+                continue
+            if excess < config.link_min_step_frac * step_ns:
+                continue
+            try:
+                members = topo.parse_group_id(gid)[1]
+            except ValueError:
+                continue
+            if set(members) & flagged:
+                continue
+            out.append(_finding(
+                job, FindingKind.SLOW_LINK, members, med / thr, steps[_run_start(lr[i] > thr / 2)],
+                steps[-1], hosts, profile, excess / max(step_ns, 1.0),
+                {"axis": axis, "link_ms_per_step": round(float(np.median(x[i, -k:])) / 1e6, 3),
+                 "peer_groups_link_ms_per_step": round(float(np.median(ref[i, -k:])) / 1e6, 3),
+                 "noise_sigma": round(sigma, 4), "threshold": round(thr, 4)},
+                f"group {gid} transfers {math.expm1(med):.0%} slower than other {axis} groups "
+                f"while its members' compute is normal",
+                group_id=gid,
+            ))
+    return out

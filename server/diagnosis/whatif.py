@@ -1,0 +1,218 @@
+"""What-if step-time model: the 1F1B pipeline schedule plus TP and DP sync points.
+
+A :class:`StepProfile` holds per-rank per-micro-batch forward/backward work and the
+link times of the TP, PP and DP groups. :func:`simulate_step` plays one step:
+
+* a pipeline *cell* is the TP group of one (dp, pp) coordinate; TP all-reduces inside
+  every layer keep its members in lock-step, so a cell's op takes the slowest member's
+  work plus the TP link time;
+* cells of one pipeline chain run the 1F1B schedule (warm-up forwards, one-forward-
+  one-backward, cool-down backwards), ``F(s, m)`` after ``F(s-1, m)`` and ``B(s, m)``
+  after ``B(s+1, m)``, each hop paying the p2p link time;
+* the gradient all-reduce of stage ``s`` waits for that stage in every DP replica, then
+  each rank runs its optimizer.
+
+:func:`whatif` answers "what would the step time be if these ranks (or this group's
+link) ran at their peers' median", which is the estimated job slowdown of a straggler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from fleetscope.topology import Topology
+
+from .breakdown import P2P_OPS, top_level_sections
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """Durations (ns) that determine one training step."""
+
+    topology: Topology
+    num_microbatches: int
+    fwd_ns: np.ndarray
+    """(world_size, num_microbatches) own forward work per rank and micro-batch."""
+    bwd_ns: np.ndarray
+    """(world_size, num_microbatches) own backward work."""
+    pre_ns: np.ndarray
+    """(world_size,) work before the first forward (data loading, untimed host work)."""
+    post_ns: np.ndarray
+    """(world_size,) work after the gradient sync (optimizer)."""
+    link_ns: dict[str, float] = field(default_factory=dict)
+    """Per group id: link time per op (TP: per forward/backward op; PP: per hop; DP: per step)."""
+    schedule: str = "1f1b"
+
+
+def schedule_order(stage: int, num_stages: int, num_mb: int, schedule: str) -> list[tuple[str, int]]:
+    """The op order of one pipeline stage: ``[("F", 0), ("F", 1), ("B", 0), ...]``."""
+    if schedule == "gpipe":
+        return [("F", m) for m in range(num_mb)] + [("B", m) for m in range(num_mb)]
+    warm = min(num_stages - 1 - stage, num_mb)
+    ops = [("F", m) for m in range(warm)]
+    for i in range(num_mb - warm):
+        ops += [("F", warm + i), ("B", i)]
+    ops += [("B", m) for m in range(num_mb - warm, num_mb)]
+    return ops
+
+
+def simulate_step(p: StepProfile) -> float:
+    """Predicted step time (ns) of a profile: the makespan of the step's dependency graph."""
+    topo, num_mb = p.topology, p.num_microbatches
+    num_stages = topo.pp
+    end_post = np.zeros(topo.world_size)
+    stage_done: dict[tuple[int, int], float] = {}
+    for dp in range(topo.dp):
+        cells = [topo.group_ranks("tp", topo.rank(dp=dp, pp=s, tp=0)) for s in range(num_stages)]
+        tp_link = [p.link_ns.get(topo.group_id("tp", cells[s][0]), 0.0) for s in range(num_stages)]
+        pp_link = p.link_ns.get(topo.group_id("pp", cells[0][0]), 0.0) if num_stages > 1 else 0.0
+        f_dur = [p.fwd_ns[cells[s]].max(axis=0) + tp_link[s] for s in range(num_stages)]
+        b_dur = [p.bwd_ns[cells[s]].max(axis=0) + tp_link[s] for s in range(num_stages)]
+        clock = [float(p.pre_ns[cells[s]].max()) for s in range(num_stages)]
+        orders = [schedule_order(s, num_stages, num_mb, p.schedule) for s in range(num_stages)]
+        pos = [0] * num_stages
+        f_end: dict[tuple[int, int], float] = {}
+        b_end: dict[tuple[int, int], float] = {}
+        remaining = sum(len(o) for o in orders)
+        while remaining:
+            progressed = False
+            for s in range(num_stages):
+                while pos[s] < len(orders[s]):
+                    op, m = orders[s][pos[s]]
+                    if op == "F":
+                        dep = f_end.get((s - 1, m)) if s > 0 else 0.0
+                        dur = f_dur[s][m]
+                    else:
+                        dep = b_end.get((s + 1, m)) if s < num_stages - 1 else f_end.get((s, m))
+                        dur = b_dur[s][m]
+                    if dep is None:
+                        break
+                    hop = pp_link if (op == "F" and s > 0) or (op == "B" and s < num_stages - 1) else 0.0
+                    start = max(clock[s], dep + hop)
+                    clock[s] = start + dur
+                    (f_end if op == "F" else b_end)[(s, m)] = clock[s]
+                    pos[s] += 1
+                    remaining -= 1
+                    progressed = True
+            if not progressed:  # cannot happen for a valid schedule; guard against loops
+                raise ValueError("pipeline schedule deadlocked")
+        for s in range(num_stages):
+            stage_done[(dp, s)] = clock[s]
+    for s in range(num_stages):
+        ranks_s = [r for r in topo.ranks() if topo.stage(r) == s]
+        dp_link = max((p.link_ns.get(topo.group_id("dp", r), 0.0) for r in ranks_s), default=0.0)
+        sync_end = max(stage_done[(dp, s)] for dp in range(topo.dp)) + dp_link
+        for r in ranks_s:
+            end_post[r] = sync_end + p.post_ns[r]
+    return float(end_post.max())
+
+
+def peer_ranks(topo: Topology, rank: int) -> list[int]:
+    """Ranks with comparable work: the same pipeline stage, excluding ``rank``."""
+    return [r for r in topo.ranks() if topo.stage(r) == topo.stage(rank) and r != rank]
+
+
+def fix_ranks(p: StepProfile, ranks: list[int]) -> StepProfile:
+    """The profile with ``ranks`` running at the median of their non-fixed stage peers."""
+    fwd, bwd, pre, post = p.fwd_ns.copy(), p.bwd_ns.copy(), p.pre_ns.copy(), p.post_ns.copy()
+    bad = set(ranks)
+    for r in ranks:
+        peers = [q for q in peer_ranks(p.topology, r) if q not in bad]
+        if not peers:
+            continue
+        fwd[r] = np.median(p.fwd_ns[peers], axis=0)
+        bwd[r] = np.median(p.bwd_ns[peers], axis=0)
+        pre[r] = np.median(p.pre_ns[peers])
+        post[r] = np.median(p.post_ns[peers])
+    return replace(p, fwd_ns=fwd, bwd_ns=bwd, pre_ns=pre, post_ns=post)
+
+
+def fix_group(p: StepProfile, group_id: str) -> StepProfile:
+    """The profile with one group's link time set to the median of its axis' other groups."""
+    axis = group_id.split(".")[0]
+    others = [v for g, v in p.link_ns.items() if g.split(".")[0] == axis and g != group_id]
+    if not others:
+        return p
+    links = dict(p.link_ns)
+    links[group_id] = float(np.median(others))
+    return replace(p, link_ns=links)
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    predicted_step_ns: float
+    fixed_step_ns: float
+
+    @property
+    def slowdown(self) -> float:
+        """Fractional job slowdown caused by what was fixed (0.1 = 10% longer steps)."""
+        return max(self.predicted_step_ns / max(self.fixed_step_ns, 1.0) - 1.0, 0.0)
+
+
+def whatif(p: StepProfile, ranks: list[int] | None = None, group_id: str = "") -> WhatIf:
+    """Step time as observed vs with ``ranks`` (and/or ``group_id``'s link) at peer median."""
+    fixed = fix_ranks(p, ranks) if ranks else p
+    if group_id:
+        fixed = fix_group(fixed, group_id)
+    return WhatIf(simulate_step(p), simulate_step(fixed))
+
+
+def profile_from_frames(
+    topo: Topology,
+    num_microbatches: int,
+    breakdown: pd.DataFrame,
+    sections: pd.DataFrame,
+    arrivals: pd.DataFrame,
+    schedule: str = "1f1b",
+) -> StepProfile:
+    """Build a profile from observed frames: per-rank medians over the steps given.
+
+    ``breakdown``/``arrivals`` come from :func:`breakdown.rank_step_breakdown`;
+    ``sections`` is the raw sections frame (forward/backward per micro-batch).
+    """
+    n, num_mb = topo.world_size, max(int(num_microbatches), 1)
+    fwd, bwd = np.zeros((n, num_mb)), np.zeros((n, num_mb))
+    nsteps = max(breakdown["step"].nunique(), 1) if not breakdown.empty else 1
+    if not sections.empty:
+        sec = top_level_sections(sections)
+        comm = arrivals[["rank", "enqueued_ns", "comm_ns"]] if not arrivals.empty else arrivals
+        from .breakdown import nested_comm_ns
+
+        sec = sec.assign(net_ns=np.maximum(sec["duration_ns"].to_numpy() - nested_comm_ns(sec, comm), 0))
+        for name, target in (("forward", fwd), ("backward", bwd)):
+            s = sec[sec["name"] == name]
+            if s.empty:
+                continue
+            mb = s["microbatch"].clip(lower=0) % num_mb
+            med = s.assign(mb=mb).groupby(["rank", "step", "mb"])["net_ns"].sum()
+            med = med.groupby(["rank", "mb"]).median()
+            for (r, m), v in med.items():
+                if 0 <= r < n:
+                    target[int(r), int(m)] = v
+    pre, post = np.zeros(n), np.zeros(n)
+    if not breakdown.empty:
+        med = breakdown.groupby("rank").median(numeric_only=True)
+        for r, row in med.iterrows():
+            if 0 <= int(r) < n:
+                pre[int(r)] = row["dataloader_ns"] + row["untimed_ns"] + row["other_ns"]
+                post[int(r)] = row["optimizer_ns"]
+    links: dict[str, float] = {}
+    if not arrivals.empty:
+        per_op = arrivals.groupby(["group_id", "axis", "step", "seq", "op"], as_index=False)["transfer_ns"].min()
+        per_op = per_op[~per_op["op"].isin({"send", "isend"})]
+        tot = per_op.groupby(["group_id", "axis"])["transfer_ns"].sum() / nsteps
+        for (gid, axis), v in tot.items():
+            if axis == "tp":
+                links[gid] = float(v) / (2 * num_mb)
+            elif axis == "pp":
+                links[gid] = float(v) / (2 * num_mb * max(topo.pp - 1, 1))
+            else:
+                links[gid] = float(v)
+    return StepProfile(topo, num_mb, fwd, bwd, pre, post, links, schedule)
+
+
+__all__ = ["P2P_OPS", "StepProfile", "WhatIf", "fix_group", "fix_ranks", "peer_ranks",
+           "profile_from_frames", "schedule_order", "simulate_step", "whatif"]
