@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 from typing import Any
@@ -67,6 +68,9 @@ def register(subparsers: Any) -> None:
                         "CPU; 1 skips the collective and p2p probes)")
     p.add_argument("--probes", default=None, metavar="LIST",
                    help="comma-separated subset of matmul,membw,numerics,allreduce,alltoall,p2p")
+    p.add_argument("--token", default=os.environ.get("FLEETSCOPE_TOKEN") or None,
+                   metavar="TOKEN",
+                   help="bearer token for --server (default: $FLEETSCOPE_TOKEN)")
     p.add_argument("--format", dest="wire_format", choices=("arrow", "json"), default="arrow",
                    help="wire format for --server (default: arrow)")
     p.add_argument("--output", choices=("table", "json"), default="table",
@@ -125,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr)
     if args.server:
         try:
-            ack = ship_records(args.server, records, host=host, fmt=args.wire_format)
+            ack = ship_records(args.server, records, host=host, fmt=args.wire_format,
+                               token=args.token)
         except ShipError as e:
             print(f"fleetscope selfcheck: {e}", file=sys.stderr)
             return 3

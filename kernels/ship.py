@@ -49,6 +49,7 @@ def ship_records(
     host: str,
     fmt: str = "arrow",
     batch_id: str | None = None,
+    token: str | None = None,
     timeout_s: float = 30.0,
     attempts: int = 5,
 ) -> dict[str, Any]:
@@ -60,6 +61,7 @@ def ship_records(
         host: sent as ``X-Fleetscope-Host``.
         fmt: ``arrow`` (default) or ``json``.
         batch_id: ``Idempotency-Key``; a fresh UUID by default.
+        token: bearer token of a server that requires one.
         timeout_s: per-request timeout.
         attempts: tries for connection errors and 429/503.
 
@@ -73,6 +75,8 @@ def ship_records(
         "Idempotency-Key": batch_id or f"selfcheck-{uuid.uuid4()}",
         "X-Fleetscope-Host": host,
     }
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     last = ""
     for attempt in range(attempts):
         req = urllib.request.Request(url, data=body, headers=headers, method="POST")

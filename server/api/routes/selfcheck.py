@@ -1,0 +1,59 @@
+"""Self-check results: ``GET /selfcheck/hosts`` and ``GET /hosts/{host}/selfcheck``.
+
+Probe results arrive through ``POST /ingest`` as ``probes`` records (from
+``fleetscope selfcheck`` and ``fleetscope train --preflight``); these routes score them
+against the fleet and each device's history (:mod:`fleetscope.server.diagnosis.selfcheck`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Path, Query
+from fleetscope.server.api.deps import StoreDep
+from fleetscope.server.diagnosis import selfcheck
+
+router = APIRouter(tags=["selfcheck"])
+
+WindowQ = Annotated[
+    float,
+    Query(gt=0, le=366 * 86400, description="only results newer than this many seconds"),
+]
+
+
+@router.get("/selfcheck/hosts")
+def selfcheck_hosts(
+    store: StoreDep,
+    window_s: WindowQ = selfcheck.DEFAULT_WINDOW_S,
+    history: Annotated[
+        int, Query(ge=0, le=100, description="earlier results per probe for the history score")
+    ] = 5,
+    device_model: Annotated[
+        str | None, Query(max_length=200, description="only this device model")
+    ] = None,
+) -> dict[str, Any]:
+    """Every host's self-check status (worst first) and all findings, worst first.
+
+    A host's status is the worst of its probes': ``failed`` (a probe failed its own
+    checks), ``mismatch`` (numerics differ from the fleet), ``outlier`` (slower than the
+    fleet's devices of the same model), ``regressed`` (slower than its own history), ``ok``.
+    """
+    return selfcheck.fleet_summary(
+        store, window_s=window_s, history=history, device_model=device_model or None
+    )
+
+
+@router.get("/hosts/{host}/selfcheck", responses={404: {"description": "no probe results"}})
+def host_selfcheck(
+    store: StoreDep,
+    host: Annotated[str, Path(min_length=1, max_length=255)],
+    window_s: WindowQ = selfcheck.DEFAULT_WINDOW_S,
+    history: Annotated[int, Query(ge=0, le=100)] = 10,
+) -> dict[str, Any]:
+    """One host's latest probe results with fleet and history scores, and its findings."""
+    summary = selfcheck.host_summary(store, host, window_s=window_s, history=history)
+    if summary is None:
+        raise HTTPException(
+            404, detail=f"host {host!r} has no self-check results in the last {window_s:g}s"
+        )
+    return summary
