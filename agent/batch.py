@@ -1,0 +1,197 @@
+"""Batches: spool frames decoded, validated, merged per record type, re-encoded.
+
+A batch covers contiguous byte ranges of one or more files. Its idempotency key is a
+hash of (host, file, inode, offset range) of every range, so the same bytes always
+travel under the same key, whichever agent process sends them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from fleetscope.agent.offsets import Range
+from fleetscope.agent.ranks import RankRegistry, describe_inflight
+from fleetscope.agent.tailer import ReadFrame, Segment, scan_frames
+
+from fleetscope import codec
+from fleetscope.schema import RECORD_TYPES
+
+log = logging.getLogger("fleetscope.agent")
+
+
+@dataclass
+class Decoded:
+    """One valid frame: its place in the file and its conformed table."""
+
+    frame: ReadFrame
+    record: str
+    table: pa.Table
+
+
+@dataclass
+class Batch:
+    host: str
+    ranges: tuple[Range, ...]
+    frames: list[Decoded]
+    bad: list[tuple[ReadFrame, str]] = field(default_factory=list)
+    """Frames skipped while building: (frame, reason) for corrupt or invalid ones."""
+
+    @property
+    def key(self) -> str:
+        return batch_key(self.host, self.ranges)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(d.table.num_rows for d in self.frames)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(r.end - r.start for r in self.ranges)
+
+    @property
+    def files(self) -> set[str]:
+        return {r.file for r in self.ranges}
+
+    def rows_by_record(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for d in self.frames:
+            out[d.record] = out.get(d.record, 0) + d.table.num_rows
+        return out
+
+    def encode(self, compression: str | None) -> bytes:
+        """The request body: one Arrow frame per record type (codec wire format)."""
+        groups: dict[str, list[pa.Table]] = {}
+        for d in self.frames:
+            groups.setdefault(d.record, []).append(d.table)
+        tables = {}
+        for name, ts in groups.items():
+            t = ts[0] if len(ts) == 1 else pa.concat_tables(ts)
+            tables[name] = _fill_host(t, self.host)
+        return codec.encode_batch(tables, compression=compression)
+
+    def split(self) -> tuple[Batch, Batch]:
+        """Two batches with the first and second half of the valid frames (for bisecting).
+
+        Per file, the first half's frames precede the second half's, and skipped frames
+        go with the second half, so committing the halves in order never moves an offset
+        past a frame that is still to be sent.
+        """
+        mid = len(self.frames) // 2
+        return (make_batch(self.host, self.frames[:mid], []),
+                make_batch(self.host, self.frames[mid:], self.bad))
+
+
+def batch_key(host: str, ranges: Iterable[Range]) -> str:
+    h = hashlib.sha256(host.encode())
+    for r in sorted(ranges, key=lambda r: (r.file, r.start)):
+        h.update(f"\n{r.file}@{r.ino}:{r.start}-{r.end}".encode())
+    return "fsa1-" + h.hexdigest()[:40]
+
+
+def merge_ranges(frames: Iterable[ReadFrame]) -> tuple[Range, ...]:
+    """Per file, the contiguous byte ranges the frames cover."""
+    out: list[Range] = []
+    for fr in sorted(frames, key=lambda f: (f.segment.key, f.start)):
+        seg = fr.segment
+        if out and out[-1].file == seg.key and out[-1].ino == seg.ino and out[-1].end == fr.start:
+            out[-1] = Range(seg.key, seg.ino, out[-1].start, fr.end)
+        else:
+            out.append(Range(seg.key, seg.ino, fr.start, fr.end))
+    return tuple(out)
+
+
+def make_batch(host: str, frames: list[Decoded], bad: list[tuple[ReadFrame, str]]) -> Batch:
+    ranges = merge_ranges([d.frame for d in frames] + [b[0] for b in bad])
+    return Batch(host, ranges, frames, list(bad))
+
+
+def decode_frame(fr: ReadFrame) -> tuple[Decoded | None, str]:
+    """Decode and validate one frame; (None, reason) for a corrupt or invalid one."""
+    if fr.payload is None:
+        return None, "corrupt bytes (bad header or checksum, or truncated)"
+    try:
+        table = codec.ipc_to_table(fr.payload)
+    except (pa.ArrowInvalid, OSError) as e:
+        return None, f"payload is not an Arrow IPC stream: {e}"
+    name = (table.schema.metadata or {}).get(b"fleetscope.record", b"").decode()
+    rt = RECORD_TYPES.get(name)
+    if rt is None:
+        return None, f"unknown record type {name!r} in schema metadata"
+    try:
+        table = codec.conform(rt, table)
+    except codec.BatchError as e:
+        return None, f"invalid {name} table: {e}"
+    return Decoded(fr, name, table), ""
+
+
+def build_batch(host: str, frames: list[ReadFrame], ranks: RankRegistry | None) -> Batch:
+    """Decode the frames into a batch; bad ones are kept aside (skipped, counted)."""
+    good: list[Decoded] = []
+    bad: list[tuple[ReadFrame, str]] = []
+    for fr in frames:
+        d, reason = decode_frame(fr)
+        if d is None:
+            bad.append((fr, reason))
+            continue
+        good.append(d)
+        if ranks is not None and fr.segment.rank >= 0 and d.table.num_rows:
+            _observe(ranks, fr.segment, d)
+    return make_batch(host, good, bad)
+
+
+def frames_for_ranges(ranges: Iterable[Range], paths: dict[str, Path]) -> list[ReadFrame] | None:
+    """Re-read exactly the frames of recorded ranges (resending a pending batch).
+
+    Returns ``None`` if a file is gone or was replaced (different inode).
+    """
+    out: list[ReadFrame] = []
+    for r in ranges:
+        p = paths.get(r.file)
+        if p is None:
+            return None
+        try:
+            st = p.stat()
+            if st.st_ino != r.ino:
+                return None
+            with open(p, "rb") as f:
+                f.seek(r.start)
+                data = f.read(r.end - r.start)
+        except FileNotFoundError:
+            return None
+        if len(data) != r.end - r.start:
+            return None
+        seg = Segment(r.file, p, r.ino, st.st_size, st.st_mtime_ns, True, "", -1)
+        out += [ReadFrame(seg, s, e, pl) for s, e, pl in scan_frames(data, r.start, final=True)]
+    return out
+
+
+def _fill_host(table: pa.Table, host: str) -> pa.Table:
+    if "host" not in table.column_names or not host:
+        return table
+    i = table.column_names.index("host")
+    col = table.column(i)
+    if not pc.any(pc.equal(col, "")).as_py():
+        return table
+    return table.set_column(i, table.schema.field(i), pc.if_else(pc.equal(col, ""), host, col))
+
+
+def _observe(ranks: RankRegistry, seg: Segment, d: Decoded) -> None:
+    rt = RECORD_TYPES[d.record]
+    t = d.table
+    last_ns = max(int(pc.max(t.column(c)).as_py()) for c in rt.time_columns)
+    last_step = -1
+    if d.record == "steps":
+        last_step = int(pc.max(t.column("step")).as_py())
+    inflight = None
+    if d.record == "inflight":
+        i = int(pc.index(t.column("ts_ns"), pc.max(t.column("ts_ns"))).as_py())
+        row = {c: t.column(c)[i].as_py() for c in ("ts_ns", "kind", "op", "group_id", "seq", "peer")}
+        inflight = (row["ts_ns"], describe_inflight(row["kind"], row["op"], row["group_id"],
+                                                    row["seq"], row["peer"]))
+    ranks.observe(seg.job, seg.rank, seg.path.parent, d.record, last_ns, last_step, inflight)

@@ -1,0 +1,165 @@
+"""Durable agent state: acknowledged read offsets, the batch in flight, counters.
+
+The state is one small JSON file rewritten atomically (write a temporary file, fsync
+it, rename it over the old one, fsync the directory), so after a crash at any point the
+file holds either the previous or the new state, never a torn one.
+
+Exactly-once shipping rests on two rules:
+
+* an offset moves only after the server acknowledged the bytes before it;
+* before a batch is sent, its byte ranges and idempotency key are recorded here as
+  ``pending``. A restarted agent re-sends exactly that batch, with the same key, before
+  anything else, so a batch that reached the store just before a crash is deduplicated
+  by the server instead of arriving again under a different key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Range:
+    """Bytes ``[start, end)`` of one file (identified by key and inode)."""
+
+    file: str
+    """File key: path relative to the spool (or ``@outbox/...`` for the agent's own)."""
+    ino: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The batch in flight: what was (maybe) sent and under which key."""
+
+    key: str
+    ranges: tuple[Range, ...]
+    clock_offset_ns: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "clock_offset_ns": self.clock_offset_ns,
+                "ranges": [asdict(r) for r in self.ranges]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Pending:
+        return cls(d["key"], tuple(Range(**r) for r in d["ranges"]), int(d.get("clock_offset_ns", 0)))
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` durably (tmp + fsync + rename + fsync dir)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class OffsetStore:
+    """Thread-safe, durable offsets of spool segments and log files."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self.files: dict[str, dict[str, int]] = {}
+        self.logs: dict[str, dict[str, int]] = {}
+        self.counters: dict[str, int] = {}
+        self.pending: Pending | None = None
+        if self.path.exists():
+            doc = json.loads(self.path.read_text())
+            if doc.get("version") != STATE_VERSION:
+                raise ValueError(f"{self.path}: state version {doc.get('version')!r} not supported")
+            self.files = doc.get("files", {})
+            self.logs = doc.get("logs", {})
+            self.counters = doc.get("counters", {})
+            self.pending = Pending.from_json(doc["pending"]) if doc.get("pending") else None
+
+    # -- spool segments ------------------------------------------------------------------
+    def offset(self, file: str, ino: int) -> int:
+        """Acknowledged offset of a file; 0 for a file not seen (or replaced: new inode)."""
+        with self._lock:
+            e = self.files.get(file)
+            return e["offset"] if e and e["ino"] == ino else 0
+
+    def begin(self, pending: Pending) -> None:
+        """Record the batch about to be sent (durably, before the first byte goes out)."""
+        with self._lock:
+            self.pending = pending
+            self._save()
+
+    def commit(self, pending: Pending, counters: dict[str, int] | None = None) -> None:
+        """The server acknowledged ``pending``: advance its files' offsets, clear it."""
+        with self._lock:
+            for r in pending.ranges:
+                e = self.files.get(r.file)
+                if e is None or e["ino"] != r.ino or e["offset"] < r.end:
+                    self.files[r.file] = {"ino": r.ino, "offset": r.end}
+            if self.pending is not None and self.pending.key == pending.key:
+                self.pending = None
+            for k, v in (counters or {}).items():
+                self.counters[k] = self.counters.get(k, 0) + v
+            self._save()
+
+    def skip(self, ranges: list[Range], counters: dict[str, int]) -> None:
+        """Move past bytes that will never be shipped (corrupt or rejected), durably."""
+        with self._lock:
+            for r in ranges:
+                e = self.files.get(r.file)
+                if e is None or e["ino"] != r.ino or e["offset"] < r.end:
+                    self.files[r.file] = {"ino": r.ino, "offset": r.end}
+            for k, v in counters.items():
+                self.counters[k] = self.counters.get(k, 0) + v
+            self._save()
+
+    def forget(self, file: str) -> None:
+        """Drop a deleted file's entry."""
+        with self._lock:
+            if self.files.pop(file, None) is not None:
+                self._save()
+
+    def add_counters(self, counters: dict[str, int]) -> None:
+        with self._lock:
+            for k, v in counters.items():
+                self.counters[k] = self.counters.get(k, 0) + v
+            self._save()
+
+    # -- log files ---------------------------------------------------------------------
+    def log_offset(self, path: str, ino: int) -> int:
+        with self._lock:
+            e = self.logs.get(path)
+            return e["offset"] if e and e["ino"] == ino else 0
+
+    def commit_log(self, path: str, ino: int, offset: int) -> None:
+        with self._lock:
+            self.logs[path] = {"ino": ino, "offset": offset}
+            self._save()
+
+    def snapshot_counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counters)
+
+    def _save(self) -> None:
+        doc = {
+            "version": STATE_VERSION,
+            "files": self.files,
+            "logs": self.logs,
+            "counters": self.counters,
+            "pending": self.pending.to_json() if self.pending else None,
+        }
+        atomic_write(self.path, json.dumps(doc, sort_keys=True).encode())

@@ -1,0 +1,132 @@
+"""HTTP to the server: POST batches with retries, backoff and jitter; honour 429.
+
+Outcomes of one batch: ``ok`` (200, rows are in the store), ``rejected`` (400, 413,
+415, 422: the server will never take these bytes as they are) or ``stopped`` (the agent
+is shutting down; the batch stays pending and is re-sent on the next start). Anything
+else (connection refused, timeouts, 5xx, 429) is retried until one of those happens.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from dataclasses import dataclass
+
+import httpx
+
+from fleetscope import codec
+from fleetscope.config import API_PREFIX
+
+log = logging.getLogger("fleetscope.agent")
+
+REJECTED_STATUSES = frozenset({400, 413, 415, 422})
+
+
+@dataclass
+class PostResult:
+    outcome: str
+    """ok | rejected | stopped"""
+    status: int = 0
+    detail: str = ""
+    attempts: int = 0
+    duplicate: bool = False
+
+
+def backoff_s(attempt: int, cap_s: float, base_s: float = 0.1) -> float:
+    """Exponential backoff with jitter: uniform in [d/2, d], d = min(cap, base * 2**attempt)."""
+    d = min(cap_s, base_s * (2 ** min(attempt, 30)))
+    return d / 2 + random.uniform(0, d / 2)
+
+
+def retry_after_s(value: str | None, default: float) -> float:
+    """Seconds from a ``Retry-After`` header (delta-seconds form), else ``default``."""
+    if value:
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            pass
+    return default
+
+
+class Transport:
+    """One keep-alive HTTP client to the server."""
+
+    def __init__(self, server: str, host: str, timeout_s: float = 30.0, max_backoff_s: float = 5.0,
+                 token: str | None = None):
+        self.server = server.rstrip("/")
+        self.host = host
+        self.max_backoff_s = max_backoff_s
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.client = httpx.Client(base_url=self.server, timeout=timeout_s, headers=headers)
+        self.num_retries = 0
+        self.num_throttled = 0
+        self.connected = False
+        self._warned = False
+
+    def close(self) -> None:
+        self.client.close()
+
+    def post_batch(self, body: bytes, key: str, clock_offset_ns: int, clock_uncertainty_ns: int,
+                   stop: threading.Event) -> PostResult:
+        """POST one batch until it is acknowledged, rejected, or ``stop`` is set."""
+        headers = {
+            "Content-Type": codec.ARROW_CONTENT_TYPE,
+            "Idempotency-Key": key,
+            "X-Fleetscope-Host": self.host,
+            "X-Fleetscope-Clock-Offset-Ns": str(int(clock_offset_ns)),
+            "X-Fleetscope-Clock-Uncertainty-Ns": str(int(clock_uncertainty_ns)),
+        }
+        attempt = 0
+        while not stop.is_set():
+            attempt += 1
+            try:
+                r = self.client.post(f"{API_PREFIX}/ingest", content=body, headers=headers)
+            except httpx.HTTPError as e:
+                wait = backoff_s(attempt, self.max_backoff_s)
+                self._unreachable(f"{type(e).__name__}: {e}", wait)
+            else:
+                if r.status_code == 200:
+                    if not self.connected or self._warned:
+                        log.info("server %s acknowledged a batch; shipping", self.server)
+                    self.connected, self._warned = True, False
+                    dup = False
+                    try:
+                        dup = bool(r.json().get("duplicate", False))
+                    except ValueError:
+                        pass
+                    return PostResult("ok", 200, attempts=attempt, duplicate=dup)
+                detail = _detail(r)
+                if r.status_code in REJECTED_STATUSES:
+                    return PostResult("rejected", r.status_code, detail, attempt)
+                if r.status_code == 429:
+                    self.num_throttled += 1
+                    wait = retry_after_s(r.headers.get("Retry-After"),
+                                         backoff_s(attempt, self.max_backoff_s))
+                    wait += random.uniform(0, min(0.25, wait / 4 + 0.01))
+                    log.debug("server busy (429), retrying in %.2fs", wait)
+                else:
+                    wait = backoff_s(attempt, self.max_backoff_s)
+                    self._unreachable(f"HTTP {r.status_code}: {detail}", wait)
+            self.num_retries += 1
+            stop.wait(wait)
+        return PostResult("stopped", attempts=attempt)
+
+    def _unreachable(self, why: str, wait: float) -> None:
+        if not self._warned:
+            log.warning("cannot ship to %s (%s); retrying with backoff, spool data is kept",
+                        self.server, why)
+            self._warned = True
+        else:
+            log.debug("still cannot ship (%s); next try in %.2fs", why, wait)
+        self.connected = False
+
+
+def _detail(r: httpx.Response) -> str:
+    try:
+        d = r.json()
+        if isinstance(d, dict) and "detail" in d:
+            return str(d["detail"])
+    except ValueError:
+        pass
+    return r.text[:500]
