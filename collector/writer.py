@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import time
 import uuid
 from collections import deque
@@ -90,6 +91,8 @@ class IngestWriter:
         max_insert_rows: most rows coalesced into one insert per table.
         linger_s: wait this long for more batches before writing a group.
         retry_after_s: advised client back-off on backpressure.
+        insert_threads: record tables of one group inserted in parallel (each thread
+            has its own store client; chdb runs inserts without holding the GIL).
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class IngestWriter:
         max_insert_rows: int = 2_000_000,
         linger_s: float = 0.002,
         retry_after_s: int = 1,
+        insert_threads: int = 1,
     ) -> None:
         self.store = store
         self.db = db
@@ -109,12 +113,18 @@ class IngestWriter:
         self.retry_after_s = retry_after_s
         self.clock_offsets: dict[str, dict[str, int]] = {}
         """host -> {"offset_ns", "updated_ns"}: the last clock offset each host sent."""
-        self.stats = {"batches": 0, "rows": 0, "inserts": 0, "duplicates": 0, "rejected_429": 0}
+        self.stats: dict[str, float] = {
+            "batches": 0, "rows": 0, "inserts": 0, "duplicates": 0, "rejected_429": 0,
+            "groups": 0, "write_s": 0.0,
+        }  # fmt: skip
         self._queue: deque[_Pending] = deque()
         self._queued_rows = 0
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="fleetscope-writer")
+        self.insert_threads = max(1, insert_threads)
+        self._insert_pool = ThreadPoolExecutor(self.insert_threads, thread_name_prefix="fleetscope-insert")
+        self._local = threading.local()
         self._client: Any = None
         self._closing = False
 
@@ -132,6 +142,7 @@ class IngestWriter:
         if self._task:
             await self._task
         self._executor.shutdown(wait=True)
+        self._insert_pool.shutdown(wait=True)
 
     @property
     def queued_rows(self) -> int:
@@ -206,8 +217,14 @@ class IngestWriter:
             for name, table in p.tables.items():
                 if table.num_rows and (key, name) not in written:
                     by_table.setdefault(name, []).append((key, table))
-        for name, parts in by_table.items():
-            self._insert(name, parts)
+        t0 = time.perf_counter()
+        if len(by_table) > 1 and self.insert_threads > 1:
+            futures = [self._insert_pool.submit(self._insert, n, parts) for n, parts in by_table.items()]
+            for f in futures:
+                f.result()  # re-raises the first failure
+        else:
+            for name, parts in by_table.items():
+                self._insert(name, parts)
         jobs = [p.tables["jobs"] for p in group if "jobs" in p.tables]
         if jobs and self.db is not None:
             upsert_jobs(self.db, jobs)
@@ -216,12 +233,22 @@ class IngestWriter:
             rows = {n: t.num_rows for n, t in p.tables.items() if t.num_rows}
             dup = first[p.key] is not p or (bool(rows) and all((p.key, n) in written for n in rows))
             results.append(IngestResult(rows=rows, duplicate=dup))
+        self.stats["groups"] += 1
+        self.stats["write_s"] += time.perf_counter() - t0
         self.stats["batches"] += len(group)
         self.stats["rows"] += sum(p.num_rows for p in group)
         self.stats["duplicates"] += sum(r.duplicate for r in results)
         return results
 
+    def _thread_client(self) -> Any:
+        local = self._local
+        client = getattr(local, "client", None)
+        if client is None:
+            client = local.client = self.store.new_client()
+        return client
+
     def _insert(self, name: str, parts: list[tuple[str, pa.Table]]) -> None:
+        client = self._thread_client()
         table = with_batch_column(parts)
         digest = hashlib.sha256(name.encode())
         for key, _ in sorted(parts, key=lambda kp: kp[0]):
@@ -234,7 +261,7 @@ class IngestWriter:
         for attempt in range(2):
             try:
                 t0 = time.perf_counter()
-                self._client.insert_arrow(name, table, settings=settings)
+                client.insert_arrow(name, table, settings=settings)
                 self.stats["inserts"] += 1
                 log.debug("inserted %d rows into %s in %.3fs", table.num_rows, name, time.perf_counter() - t0)
                 return

@@ -104,6 +104,7 @@ async def _startup(app: FastAPI, settings: Settings) -> None:
         max_insert_rows=settings.max_insert_rows,
         linger_s=settings.coalesce_linger_ms / 1000,
         retry_after_s=settings.retry_after_s,
+        insert_threads=settings.insert_threads,
     )
     await collector.start()
     app.state.collector = collector

@@ -51,10 +51,33 @@ class Settings(BaseSettings):
     """Most rows the writer coalesces into one insert per table."""
     coalesce_linger_ms: float = Field(2.0, ge=0, le=1000)
     """How long the writer waits for more batches before an insert."""
+    insert_threads: int = Field(1, ge=1, le=16)
+    """Record tables of one coalesced group inserted in parallel."""
     retry_after_s: int = Field(1, ge=1, le=300)
     """Retry-After sent with 429 responses."""
     log_level: str = "info"
     """Python / uvicorn log level."""
+    # ---- diagnosis and alerts (server/diagnosis, server/alerts) ----
+    diagnosis_enabled: bool = True
+    """Run the diagnosis loop and the alert dispatcher."""
+    diagnosis_tick_s: float = Field(2.0, ge=0.1, le=600)
+    """Seconds between diagnosis passes."""
+    diagnosis_max_jobs_per_tick: int = Field(8, ge=1, le=10_000)
+    """Active jobs diagnosed per pass (round-robin beyond that)."""
+    diagnosis_window_steps: int = Field(24, ge=8, le=1000)
+    """Steps of detailed events each pass loads per job."""
+    hang_min_s: float = Field(30.0, ge=1, le=86_400)
+    """A hang needs at least this many seconds without a completed step..."""
+    hang_k: float = Field(5.0, ge=1, le=1000)
+    """...and at least this many times the recent p99 step time."""
+    incident_resolve_s: float = Field(20.0, ge=0, le=86_400)
+    """An incident not detected for this long is resolved."""
+    alert_retry_base_s: float = Field(1.0, ge=0.01, le=3600)
+    """First retry delay of a failed webhook delivery (doubles each attempt)."""
+    alert_retry_max_s: float = Field(300.0, ge=0.1, le=86_400)
+    """Longest delay between webhook delivery attempts."""
+    public_url: str = ""
+    """Base URL of this server as operators reach it (links in alerts); '' for none."""
 
     @field_validator("log_level")
     @classmethod

@@ -23,7 +23,12 @@ async def readyz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "starting"}, status_code=503)
     collector = state.collector
     return JSONResponse(
-        {"status": "ready", "store": state.store.url.redacted(), "queued_rows": collector.queued_rows}
+        {
+            "status": "ready",
+            "store": state.store.url.redacted(),
+            "queued_rows": collector.queued_rows,
+            "ingest": collector.stats,
+        }
     )
 
 
