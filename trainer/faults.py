@@ -1,0 +1,214 @@
+"""Fault injection for the reference job: the scenarios diagnosis is judged on.
+
+Specs (``--inject``, repeatable)::
+
+    straggler:rank=R:factor=F[:from_step=S][:section=compute|dataloader]
+    hang:rank=R:step=S[:where=compute|collective|p2p]
+    crash:rank=R:step=S
+    slowlink:group=tp|dp|pp:rank=R:delay_ms=D
+    gc:rank=R:every=N:pause_ms=P
+
+Injections act on the process only (sleeps, hangs, exits, delays below the tracing
+layer). They write nothing to the telemetry: the ground truth stays with whoever
+launched the job.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+CRASH_EXIT_CODE = 1
+
+_FIELDS: dict[str, dict[str, tuple[type, Any]]] = {
+    # kind -> field -> (type, default; ... = required)
+    "straggler": {"rank": (int, ...), "factor": (float, ...), "from_step": (int, 0),
+                  "section": (str, "compute")},
+    "hang": {"rank": (int, ...), "step": (int, ...), "where": (str, "compute")},
+    "crash": {"rank": (int, ...), "step": (int, ...)},
+    "slowlink": {"group": (str, ...), "rank": (int, ...), "delay_ms": (float, ...)},
+    "gc": {"rank": (int, ...), "every": (int, ...), "pause_ms": (float, ...)},
+}
+_CHOICES = {("straggler", "section"): ("compute", "dataloader"),
+            ("hang", "where"): ("compute", "collective", "p2p"),
+            ("slowlink", "group"): ("tp", "dp", "pp")}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One parsed ``--inject`` spec."""
+
+    kind: str
+    rank: int
+    params: tuple[tuple[str, Any], ...]
+    spec: str
+
+    def get(self, name: str) -> Any:
+        return dict(self.params)[name]
+
+
+def parse_fault(spec: str, world_size: int | None = None) -> Fault:
+    """Parse one spec; ``ValueError`` names the bad part and the accepted values."""
+    kind, *parts = spec.strip().split(":")
+    if kind not in _FIELDS:
+        raise ValueError(f"--inject {spec!r}: unknown fault {kind!r}; expected one of {sorted(_FIELDS)}")
+    fields = _FIELDS[kind]
+    values: dict[str, Any] = {}
+    for part in parts:
+        key, eq, raw = part.partition("=")
+        if not eq or key not in fields:
+            raise ValueError(f"--inject {spec!r}: bad field {part!r}; {kind} takes {'/'.join(fields)}")
+        typ = fields[key][0]
+        try:
+            value = typ(raw)
+        except ValueError:
+            raise ValueError(f"--inject {spec!r}: {key} must be {typ.__name__}, got {raw!r}") from None
+        values[key] = value
+    for key, (_, default) in fields.items():
+        if key not in values:
+            if default is ...:
+                raise ValueError(f"--inject {spec!r}: missing {key}=")
+            values[key] = default
+    for (k, key), allowed in _CHOICES.items():
+        if k == kind and values[key] not in allowed:
+            raise ValueError(f"--inject {spec!r}: {key} must be one of {'|'.join(allowed)}, got {values[key]!r}")
+    _check_ranges(spec, kind, values, world_size)
+    return Fault(kind, values["rank"], tuple(sorted(values.items())), spec)
+
+
+def _check_ranges(spec: str, kind: str, v: dict[str, Any], world_size: int | None) -> None:
+    if v["rank"] < 0 or (world_size is not None and v["rank"] >= world_size):
+        bound = f" [0, {world_size})" if world_size is not None else " >= 0"
+        raise ValueError(f"--inject {spec!r}: rank={v['rank']} out of range{bound}")
+    checks = {"factor": lambda x: x >= 1.0, "from_step": lambda x: x >= 0,
+              "step": lambda x: x >= 0, "delay_ms": lambda x: x > 0,
+              "every": lambda x: x >= 1, "pause_ms": lambda x: x > 0}
+    for key, ok in checks.items():
+        if key in v and not ok(v[key]):
+            raise ValueError(f"--inject {spec!r}: {key}={v[key]} out of range")
+
+
+def hang_forever() -> None:
+    """Block this thread until the process is killed (signals still work)."""
+    while True:
+        time.sleep(3600)
+
+
+class _HungWork:
+    """An async work handle that never completes."""
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        hang_forever()
+        return False
+
+    def is_completed(self) -> bool:
+        return False
+
+
+class FaultInjector:
+    """The faults that apply to one rank, and the points where the trainer calls them."""
+
+    def __init__(self, faults: list[Fault], rank: int, group_axes: dict[int, str] | None = None,
+                 device: Any = None) -> None:
+        self.faults = [f for f in faults if f.rank == rank]
+        self.rank, self.step = rank, 0
+        self.group_axes = group_axes or {}
+        self.device = device
+        self._patched: dict[str, Any] = {}
+        self._hang_armed = True
+
+    def _of(self, kind: str) -> list[Fault]:
+        return [f for f in self.faults if f.kind == kind]
+
+    # ---- called by the training loop ----------------------------------------------------
+    def step_start(self, step: int) -> None:
+        self.step = step
+        for f in self._of("crash"):
+            if step >= f.get("step"):
+                os._exit(CRASH_EXIT_CODE)  # a hard crash: no cleanup, no flush
+
+    def in_forward(self, step: int, microbatch: int, num_microbatches: int) -> None:
+        for f in self._of("hang"):
+            if f.get("where") == "compute" and step >= f.get("step") and microbatch == 0:
+                hang_forever()
+        for f in self._of("gc"):
+            every = f.get("every")
+            if step > 0 and step % every == 0:
+                pick = random.Random(self.rank * 7919 + step).randrange(num_microbatches)
+                if microbatch == pick:
+                    self._gc_pause(f.get("pause_ms") / 1e3)
+
+    def _gc_pause(self, pause_s: float) -> None:
+        t0 = time.perf_counter()
+        gc.collect()
+        rest = pause_s - (time.perf_counter() - t0)
+        if rest > 0:
+            time.sleep(rest)
+
+    def stretch(self, step: int, section: str, started: float) -> None:
+        """Make a section F times as long (call at its end with its perf_counter start)."""
+        for f in self._of("straggler"):
+            if f.get("section") == section and step >= f.get("from_step"):
+                if self.device is not None and self.device.type == "cuda":
+                    import torch
+
+                    torch.cuda.synchronize(self.device)
+                elapsed = time.perf_counter() - started
+                time.sleep(elapsed * (f.get("factor") - 1.0))
+
+    # ---- below the tracing layer ------------------------------------------------------
+    def install_comm(self) -> None:
+        """Patch ``torch.distributed`` for slow links and comm hangs (before hooks init)."""
+        if not (self._of("slowlink") or any(f.get("where") != "compute" for f in self._of("hang"))):
+            return
+        import torch.distributed as dist
+
+        for name in ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                     "reduce_scatter_tensor", "broadcast", "barrier", "send", "recv",
+                     "batch_isend_irecv"):
+            fn = getattr(dist, name, None)
+            if fn is not None and name not in self._patched:
+                self._patched[name] = fn
+                setattr(dist, name, self._wrap(name, fn))
+
+    def uninstall_comm(self) -> None:
+        import torch.distributed as dist
+
+        for name, fn in self._patched.items():
+            setattr(dist, name, fn)
+        self._patched.clear()
+
+    def _wrap(self, name: str, fn: Any) -> Any:
+        from fleetscope.trainer_hooks.collectives import _SPECS, _arg
+
+        is_p2p = name in ("send", "recv", "batch_isend_irecv")
+
+        def injected(*args: Any, **kwargs: Any) -> Any:
+            if name == "batch_isend_irecv":
+                ops = args[0] if args else kwargs["p2p_op_list"]
+                group = ops[0].group if ops else None
+                is_async = True
+            else:
+                group = _arg(args, kwargs, _SPECS[name][2])
+                async_spec = _SPECS[name][3]
+                is_async = async_spec is not None and bool(_arg(args, kwargs, async_spec, False))
+            axis = self.group_axes.get(id(group), "world")
+            for f in self._of("slowlink"):
+                if f.get("group") == axis:
+                    time.sleep(f.get("delay_ms") / 1e3)
+            for f in self._of("hang"):
+                where = f.get("where")
+                if self.step >= f.get("step") and where == ("p2p" if is_p2p else "collective"):
+                    if name == "batch_isend_irecv":
+                        return [_HungWork() for _ in ops]
+                    if is_async:
+                        return _HungWork()
+                    hang_forever()
+            return fn(*args, **kwargs)
+
+        injected.__wrapped__ = fn  # type: ignore[attr-defined]
+        return injected

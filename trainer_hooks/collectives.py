@@ -1,0 +1,382 @@
+"""Collective and p2p tracing: wrappers around ``torch.distributed`` functions.
+
+:func:`install` replaces the public functions in the ``torch.distributed`` namespace
+(``torch.distributed.all_reduce`` etc.) with tracing wrappers; code that calls
+``dist.all_reduce(...)`` is traced from then on. The wrappers are also available
+explicitly (:func:`traced`), e.g. for functions imported by name before ``init``.
+
+Each op gets Flight-Recorder-like state: enqueued (CPU call), started and completed
+(device events on CUDA; the CPU call/return on CPU), a per-group sequence number,
+bytes, dtype and the peer for p2p. Collectives are numbered per process group (the
+n-th collective of a group has the same ``seq`` on every member). P2P ops are
+numbered per (group, peer, direction), so the k-th ``send`` from A to B has the
+same ``seq`` as the k-th ``recv`` at B from A.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Any
+
+from fleetscope.trainer_hooks import state
+from fleetscope.trainer_hooks.recorder import Recorder, perf_ns
+
+# op name -> (kind, input arg (index, name), group arg, async arg or None/True, peer arg)
+# peer arg: (index, name, group-relative name) for p2p.
+_SPECS: dict[str, tuple] = {
+    "all_reduce": ("collective", (0, "tensor"), (2, "group"), (3, "async_op"), None),
+    "broadcast": ("collective", (0, "tensor"), (2, "group"), (3, "async_op"), None),
+    "all_gather": ("collective", (1, "tensor"), (2, "group"), (3, "async_op"), None),
+    "all_gather_into_tensor": ("collective", (1, "input_tensor"), (2, "group"), (3, "async_op"), None),
+    "all_gather_single": ("collective", (1, "input_tensor"), (2, "group"), (3, "async_op"), None),
+    "reduce_scatter": ("collective", (1, "input_list"), (3, "group"), (4, "async_op"), None),
+    "reduce_scatter_tensor": ("collective", (1, "input"), (3, "group"), (4, "async_op"), None),
+    "reduce_scatter_single": ("collective", (1, "input"), (3, "group"), (4, "async_op"), None),
+    "all_to_all_single": ("collective", (1, "input"), (4, "group"), (5, "async_op"), None),
+    "barrier": ("collective", None, (0, "group"), (1, "async_op"), None),
+    "send": ("p2p", (0, "tensor"), (2, "group"), None, (1, "dst", "group_dst")),
+    "recv": ("p2p", (0, "tensor"), (2, "group"), None, (1, "src", "group_src")),
+    "isend": ("p2p", (0, "tensor"), (2, "group"), True, (1, "dst", "group_dst")),
+    "irecv": ("p2p", (0, "tensor"), (2, "group"), True, (1, "src", "group_src")),
+}
+_P2P_NAME = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
+_keys = itertools.count()
+
+
+class GroupInfo:
+    """What the hooks know about one process group."""
+
+    __slots__ = ("group", "group_id", "axis", "size", "group_rank", "ranks", "seq", "p2p_seq")
+
+    def __init__(self, group: Any, group_id: str, axis: str, ranks: list[int], rank: int) -> None:
+        self.group, self.group_id, self.axis = group, group_id, axis
+        self.ranks = list(ranks)
+        self.size = len(self.ranks)
+        self.group_rank = self.ranks.index(rank) if rank in self.ranks else -1
+        self.seq = 0
+        self.p2p_seq: dict[tuple[str, int], int] = {}
+
+
+class Op:
+    """One traced op on its way through the recorder."""
+
+    __slots__ = ("name", "group", "seq", "step", "mb", "nbytes", "dtype", "peer", "t_enq",
+                 "t_done", "ev0", "ev1", "state", "work", "key")
+
+    def __init__(self, name: str, group: GroupInfo, seq: int, step: int, mb: int, nbytes: int,
+                 dtype: str, peer: int, t_enq: int) -> None:
+        self.name, self.group, self.seq, self.step, self.mb = name, group, seq, step, mb
+        self.nbytes, self.dtype, self.peer, self.t_enq = nbytes, dtype, peer, t_enq
+        self.t_done = -1
+        self.ev0 = self.ev1 = None
+        self.state = "completed"
+        self.work: Any = None
+        self.key = 0
+
+
+# ------------------------------------------------------------------------------ groups
+def register_group(rec: Recorder, group: Any, axis: str, group_id: str | None = None) -> GroupInfo:
+    """Tell the hooks which parallel axis a process group is (``dp``/``tp``/``pp``/``world``)."""
+    import torch.distributed as dist
+
+    pg = _resolve(group)
+    ranks = list(dist.get_process_group_ranks(pg))
+    if group_id is None:
+        group_id = "world" if axis == "world" or rec.topology is None else rec.topology.group_id(axis, rec.rank)
+    info = GroupInfo(pg, group_id, axis, ranks, rec.rank)
+    rec.groups[id(pg)] = info
+    return info
+
+
+def _resolve(group: Any) -> Any:
+    import torch.distributed as dist
+
+    if group is None:
+        return dist.distributed_c10d._get_default_group()
+    return group
+
+
+def group_info(rec: Recorder, group: Any) -> GroupInfo:
+    info = rec.groups.get(id(group)) if group is not None else rec.groups.get(0)
+    if info is not None:
+        return info
+    import torch.distributed as dist
+
+    pg = _resolve(group)
+    info = rec.groups.get(id(pg))
+    if info is None:
+        info = _infer(rec, pg, list(dist.get_process_group_ranks(pg)))
+        rec.groups[id(pg)] = info
+    if group is None:
+        rec.groups[0] = info
+    return info
+
+
+def _infer(rec: Recorder, pg: Any, ranks: list[int]) -> GroupInfo:
+    """Name an unregistered group by matching its members against the topology."""
+    import torch.distributed as dist
+
+    if len(ranks) == dist.get_world_size():
+        return GroupInfo(pg, "world", "world", ranks, rec.rank)
+    topo = rec.topology
+    if topo is not None:
+        for axis in ("tp", "dp", "pp"):
+            if sorted(topo.group_ranks(axis, rec.rank)) == sorted(ranks):
+                return GroupInfo(pg, topo.group_id(axis, rec.rank), axis, ranks, rec.rank)
+    return GroupInfo(pg, "group." + "-".join(map(str, ranks)), "world", ranks, rec.rank)
+
+
+# ------------------------------------------------------------------------------ wrapping
+def _arg(args: tuple, kwargs: dict, spec: tuple | None, default: Any = None) -> Any:
+    if spec is None:
+        return default
+    i, name = spec[0], spec[1]
+    if len(args) > i:
+        return args[i]
+    return kwargs.get(name, default)
+
+
+def _payload(t: Any) -> tuple[int, str]:
+    if t is None:
+        return 0, ""
+    if isinstance(t, (list, tuple)):
+        return sum(x.numel() * x.element_size() for x in t), (str(t[0].dtype)[6:] if t else "")
+    return t.numel() * t.element_size(), str(t.dtype)[6:]
+
+
+def _peer(rec: Recorder, g: GroupInfo, args: tuple, kwargs: dict, spec: tuple) -> int:
+    peer = _arg(args, kwargs, spec)
+    if peer is not None:
+        return int(peer)
+    gpeer = kwargs.get(spec[2])
+    if gpeer is not None and 0 <= gpeer < g.size:
+        return g.ranks[gpeer]
+    return -1
+
+
+def begin(rec: Recorder, name: str, args: tuple, kwargs: dict) -> Op:
+    """Build the record of an op about to be called, and mark it in flight."""
+    kind, inp, grp, _, peer_spec = _SPECS[name]
+    g = group_info(rec, _arg(args, kwargs, grp, None))
+    nbytes, dtype = _payload(_arg(args, kwargs, inp))
+    if peer_spec is None:
+        g.seq += 1
+        seq, peer, opname = g.seq, -1, name
+    else:
+        peer = _peer(rec, g, args, kwargs, peer_spec)
+        opname = _P2P_NAME[name]
+        k = (opname, peer)
+        seq = g.p2p_seq[k] = g.p2p_seq.get(k, 0) + 1
+    t = perf_ns()
+    op = Op(opname, g, seq, rec.step, rec.microbatch, nbytes, dtype, peer, t)
+    if rec.cuda is not None:
+        op.ev0 = rec.cuda.event()
+    rec.stack.append((kind, opname, g.group_id, g.axis, seq, peer, t, rec.step))
+    return op
+
+
+def finish(rec: Recorder, op: Op, failed: bool = False) -> None:
+    op.t_done = perf_ns()
+    if failed:
+        op.state = "failed"
+    elif rec.cuda is not None:
+        op.ev1 = rec.cuda.event()
+    rec.enqueue(("C", op))
+
+
+class TracedWork:
+    """Proxy for an async ``Work`` that records completion when it is waited on."""
+
+    __slots__ = ("_work", "_rec", "_ops")
+
+    def __init__(self, work: Any, rec: Recorder, ops: list[Op]) -> None:
+        self._work, self._rec, self._ops = work, rec, ops
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        rec, ops = self._rec, self._ops
+        if not ops or rec is not state.recorder:
+            return self._work.wait(*args, **kwargs)
+        t_in = perf_ns()
+        first = ops[0]
+        kind = "p2p" if first.peer >= 0 or first.name in ("send", "recv") else "collective"
+        rec.stack.append((kind, first.name, first.group.group_id, first.group.axis, first.seq,
+                          first.peer, first.t_enq, first.step))
+        rec.overhead_ns += perf_ns() - t_in
+        try:
+            result = self._work.wait(*args, **kwargs)
+        finally:
+            rec.stack.pop()
+        t1 = perf_ns()
+        for op in ops:
+            if rec.pending_async.pop(op.key, None) is not None:
+                op.t_done = t1
+                if rec.cuda is not None:
+                    op.ev1 = rec.cuda.event()
+                rec.enqueue(("C", op))
+        rec.overhead_ns += perf_ns() - t1
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def _track_async(rec: Recorder, op: Op, work: Any) -> None:
+    rec.stack.pop()
+    if work is None:
+        rec.enqueue(("C", op))
+        return
+    op.work, op.key = work, next(_keys)
+    if len(rec.pending_async) < rec.config.max_pending:
+        rec.pending_async[op.key] = op
+    else:
+        rec.dropped += 1
+
+
+def traced(name: str, fn: Any) -> Any:
+    """A tracing wrapper of the ``torch.distributed`` function ``fn`` named ``name``."""
+    spec = _SPECS[name]
+    async_spec = spec[3]
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        rec = state.recorder
+        if rec is None or rec.suppress:
+            return fn(*args, **kwargs)
+        t_in = perf_ns()
+        try:
+            op = begin(rec, name, args, kwargs)
+        except Exception:  # unknown group, odd arguments: never fail the caller
+            return fn(*args, **kwargs)
+        is_async = async_spec is True or (
+            async_spec is not None and bool(_arg(args, kwargs, async_spec, False)))
+        rec.overhead_ns += perf_ns() - t_in
+        rec.suppress += 1
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            rec.suppress -= 1
+            rec.stack.pop()
+            finish(rec, op, failed=True)
+            raise
+        rec.suppress -= 1
+        t_out = perf_ns()
+        if is_async:
+            _track_async(rec, op, result)
+            result = TracedWork(result, rec, [op]) if result is not None else None
+        else:
+            rec.stack.pop()
+            finish(rec, op)
+        rec.calls += 1
+        rec.overhead_ns += perf_ns() - t_out
+        return result
+
+    if name in ("isend", "irecv"):  # P2POp compares these against the originals
+        return _Traced(wrapper, fn, name)
+    functools.update_wrapper(wrapper, fn)
+    return wrapper
+
+
+class _Traced:
+    """A wrapper that still compares equal to the function it wraps.
+
+    ``torch.distributed.P2POp`` checks ``op in [isend, irecv]`` against the originals.
+    """
+
+    def __init__(self, wrapper: Any, fn: Any, name: str) -> None:
+        self._call = wrapper
+        functools.update_wrapper(self, fn)
+        self.__name__ = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or other is self.__wrapped__
+
+    def __hash__(self) -> int:
+        return hash(self.__wrapped__)
+
+
+def traced_batch_isend_irecv(fn: Any) -> Any:
+    """Wrapper of ``batch_isend_irecv``: one record per P2POp, works proxied."""
+    import torch.distributed.distributed_c10d as c10d
+
+    def wrapper(p2p_op_list: list) -> Any:
+        rec = state.recorder
+        if rec is None or rec.suppress:
+            return fn(p2p_op_list)
+        t_in = perf_ns()
+        ops = []
+        try:
+            for p in p2p_op_list:
+                if isinstance(p.op, _Traced):
+                    p.op = p.op.__wrapped__  # the original: c10d checks ``op.op is isend``
+                base = p.op
+                name = "isend" if base is c10d.isend else "irecv"
+                args = (p.tensor, None, p.group)
+                kwargs = {"group_dst" if name == "isend" else "group_src": p.group_peer}
+                op = begin(rec, name, args, kwargs)
+                rec.stack.pop()
+                ops.append(op)
+        except Exception:
+            ops = []
+        rec.overhead_ns += perf_ns() - t_in
+        rec.suppress += 1
+        try:
+            works = fn(p2p_op_list)
+        except BaseException:
+            for op in ops:
+                finish(rec, op, failed=True)
+            raise
+        finally:
+            rec.suppress -= 1
+        t_out = perf_ns()
+        if not ops:
+            return works
+        out = []
+        if works is not None and len(works) == len(ops):
+            groups = [[op] for op in ops]
+        else:
+            groups = [[] for _ in works or ()]
+            if groups:
+                groups[-1] = ops
+        for work, group in zip(works or (), groups):
+            for op in group:
+                op.work, op.key = work, next(_keys)
+                rec.pending_async[op.key] = op
+            out.append(TracedWork(work, rec, group))
+        rec.calls += 1
+        rec.overhead_ns += perf_ns() - t_out
+        return out
+
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+_ORIGINALS: dict[str, Any] = {}
+
+
+def install() -> list[str]:
+    """Wrap the ``torch.distributed`` namespace functions (idempotent). Returns names."""
+    import torch.distributed as dist
+
+    done = []
+    for name in list(_SPECS) + ["batch_isend_irecv"]:
+        fn = getattr(dist, name, None)
+        if fn is None:
+            continue
+        if name not in _ORIGINALS:
+            _ORIGINALS[name] = fn
+            setattr(dist, name, traced_batch_isend_irecv(fn) if name == "batch_isend_irecv"
+                    else traced(name, fn))
+        done.append(name)
+    return done
+
+
+def uninstall() -> None:
+    """Restore the original ``torch.distributed`` functions."""
+    import torch.distributed as dist
+
+    for name, fn in _ORIGINALS.items():
+        setattr(dist, name, fn)
+    _ORIGINALS.clear()

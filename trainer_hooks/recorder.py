@@ -1,0 +1,369 @@
+"""Per-process hook state, the bounded queue, and the background thread.
+
+The training thread only appends small tuples to a bounded deque (dropping, and
+counting the drop, when it is full) and pushes/pops its current activity on a stack.
+Everything else (CUDA event resolution, time conversion, row building, in-flight
+liveness records, self-metrics, sink I/O) happens on one daemon thread, inside
+``try``/``except`` so nothing it does can reach the trainer.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from fleetscope.trainer_hooks.clock import CpuClock, CudaTimer
+
+from fleetscope.schema import RECORD_TYPES
+from fleetscope.topology import Coords, Topology
+
+perf_ns = time.perf_counter_ns
+
+SECTION_KINDS = {"forward": "compute", "backward": "compute", "dataloader": "dataloader",
+                 "optimizer": "optimizer"}
+
+
+@dataclass
+class HookConfig:
+    """Tuning of the hooks' background machinery."""
+
+    queue_capacity: int = 65536
+    """Items the training thread may queue before it starts dropping (and counting)."""
+    poll_interval_s: float = 0.05
+    """How often the background thread drains the queue and polls CUDA events."""
+    flush_interval_s: float = 0.5
+    """How often finished rows are handed to the sink."""
+    inflight_interval_s: float = 0.5
+    """Period of the liveness ``inflight`` records."""
+    metrics_interval_s: float = 5.0
+    """Period of the ``metrics`` rows with source='hooks'."""
+    reanchor_interval_s: float = 10.0
+    """Period of clock re-anchoring (CPU offset, CUDA anchor event)."""
+    max_pending: int = 16384
+    """Records waiting for CUDA events or async completion before new ones are dropped."""
+    resolve_timeout_s: float = 2.0
+    """At shutdown, how long to wait for outstanding CUDA events."""
+
+
+class Recorder:
+    """All hook state of one rank. Created by :func:`fleetscope.trainer_hooks.init`."""
+
+    def __init__(self, job: str, rank: int, sink: Any, *, topology: Topology | None = None,
+                 coords: Coords | None = None, host: str | None = None, attempt: int = 0,
+                 local_rank: int | None = None, device: Any = None,
+                 config: HookConfig | None = None) -> None:
+        self.config = config or HookConfig()
+        self.job, self.rank, self.attempt = str(job), int(rank), int(attempt)
+        self.host = host or socket.gethostname()
+        self.local_rank = rank if local_rank is None else int(local_rank)
+        self.topology = topology
+        if coords is None and topology is not None:
+            coords = topology.coords(self.rank)
+        self.coords = coords
+        self.sink = sink
+        self.ident = {"job": self.job, "attempt": self.attempt, "rank": self.rank,
+                      "host": self.host}
+        # training-thread state
+        self.step = 0
+        self.microbatch = -1
+        self.stack: list[tuple] = []
+        self.queue: deque = deque()
+        self.capacity = self.config.queue_capacity
+        self.dropped = 0
+        self.overhead_ns = 0
+        self.calls = 0
+        self.suppress = 0
+        self.step_open: tuple[int, int] | None = None
+        self.step_info: dict[str, Any] = {}
+        self.pending_async: dict[int, Any] = {}
+        self.groups: dict[int, Any] = {}
+        # device timing
+        self.cuda: CudaTimer | None = None
+        if device is not None and getattr(device, "type", str(device)).startswith("cuda"):
+            import torch
+
+            self.cuda = CudaTimer(torch, device)
+        self.cpu = CpuClock()
+        # background-thread state
+        self.started_ns = time.time_ns()
+        self.rows: dict[str, list[dict[str, Any]]] = {}
+        self.waiting: list[tuple] = []
+        self.records_written = 0
+        self.sink_dropped = 0
+        self.sink_errors = 0
+        self.worker_errors = 0
+        self.last_error = ""
+        self._sink_open = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ training thread
+    def enqueue(self, item: tuple) -> None:
+        if len(self.queue) >= self.capacity:
+            self.dropped += 1
+        else:
+            self.queue.append(item)
+
+    def begin_step(self, n: int, t: int) -> None:
+        self.end_step(t)
+        self.step, self.step_open, self.step_info = int(n), (int(n), t), {}
+
+    def end_step(self, t: int) -> None:
+        if self.step_open is not None:
+            n, t0 = self.step_open
+            self.step_open = None
+            self.enqueue(("T", n, t0, t, self.step_info))
+
+    def emit(self, record_type: str, row: dict[str, Any]) -> None:
+        self.enqueue(("R", record_type, row))
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this recorder (safe to call from any thread)."""
+        return {
+            "calls": self.calls, "overhead_ns": self.overhead_ns,
+            "dropped_records": self.dropped + self.sink_dropped,
+            "queue_dropped": self.dropped, "sink_dropped": self.sink_dropped,
+            "sink_errors": self.sink_errors, "worker_errors": self.worker_errors,
+            "records_written": self.records_written, "queue_len": len(self.queue),
+            "pending": len(self.waiting) + len(self.pending_async),
+            "worker_alive": bool(self._thread and self._thread.is_alive()),
+            "last_error": self.last_error,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="fleetscope-hooks", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the open step, flush everything, stop the thread (idempotent)."""
+        self.end_step(perf_ns())
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    # ------------------------------------------------------------------ background thread
+    def _run(self) -> None:
+        cfg = self.config
+        now = time.monotonic()
+        next_flush = now + cfg.flush_interval_s
+        next_inflight = now + cfg.inflight_interval_s
+        next_metrics = now + min(1.0, cfg.metrics_interval_s)
+        next_anchor = now + cfg.reanchor_interval_s
+        self._metrics_prev = (time.monotonic_ns(), 0)
+        self._guard(self._open_sink)
+        if self.cuda is not None:
+            self._guard(self.cuda.reanchor)
+        while not self._stop.wait(cfg.poll_interval_s):
+            self._guard(self._drain)
+            now = time.monotonic()
+            if now >= next_inflight:
+                next_inflight = now + cfg.inflight_interval_s
+                self._guard(self._inflight)
+            if now >= next_metrics:
+                next_metrics = now + cfg.metrics_interval_s
+                self._guard(self._metrics)
+            if now >= next_flush:
+                next_flush = now + cfg.flush_interval_s
+                self._guard(self._flush)
+            if now >= next_anchor:
+                next_anchor = now + cfg.reanchor_interval_s
+                self._guard(self.cpu.reanchor)
+                if self.cuda is not None:
+                    self._guard(self.cuda.reanchor)
+        self._guard(self._final)
+
+    def _guard(self, fn: Any) -> None:
+        try:
+            fn()
+        except Exception as e:  # the trainer must never see our failures
+            self.worker_errors += 1
+            self.last_error = f"{fn.__name__}: {e!r}"[:500]
+
+    def _open_sink(self) -> None:
+        if self._sink_open:
+            return
+        info = dict(self.ident, pid=_pid(), local_rank=self.local_rank,
+                    started_ns=self.started_ns)
+        if self.coords is not None:
+            info.update(dp=self.coords.dp, pp=self.coords.pp, tp=self.coords.tp)
+        try:
+            self.sink.open(info)
+            self._sink_open = True
+        except Exception as e:
+            self.sink_errors += 1
+            self.last_error = f"sink.open: {e!r}"[:500]
+
+    def _drain(self) -> None:
+        q, waiting = self.queue, self.waiting
+        while q:
+            item = q.popleft()
+            if not self._convert(item):
+                if len(waiting) < self.config.max_pending:
+                    waiting.append(item)
+                else:
+                    self.dropped += 1
+        if waiting:
+            self.waiting = [it for it in waiting if not self._convert(it)]
+        if self.pending_async:
+            self._poll_async()
+
+    def _poll_async(self) -> None:
+        for key, op in list(self.pending_async.items()):
+            try:
+                finished = op.work.is_completed()
+            except Exception:
+                finished = True
+            if finished and self.pending_async.pop(key, None) is not None:
+                op.t_done = perf_ns()
+                self.enqueue(("C", op))
+
+    def _add(self, record_type: str, row: dict[str, Any]) -> None:
+        self.rows.setdefault(record_type, []).append(row)
+
+    def _convert(self, item: tuple, force: bool = False) -> bool:
+        """Turn one queue item into a row; False while its CUDA events are not done."""
+        kind = item[0]
+        cpu = self.cpu.to_epoch
+        if kind == "S":
+            _, name, skind, step, mb, t0, t1, ev0, ev1 = item
+            device_ns = -1
+            if ev1 is not None:
+                if not CudaTimer.done(ev1):
+                    if not force:
+                        return False
+                else:
+                    device_ns = CudaTimer.elapsed_ns(ev0, ev1)
+            start, end = cpu(t0), cpu(t1)
+            self._add("sections", dict(self.ident, step=step, microbatch=mb, name=name,
+                                       kind=skind, start_ns=start, end_ns=end,
+                                       duration_ns=device_ns if device_ns >= 0 else end - start,
+                                       device_ns=device_ns))
+        elif kind == "C":
+            op = item[1]
+            if op.ev1 is not None and not CudaTimer.done(op.ev1) and not force:
+                return False
+            self._add("collectives", self._collective_row(op))
+        elif kind == "T":
+            _, n, t0, t1, info = item
+            start, end = cpu(t0), cpu(t1)
+            self._add("steps", dict(self.ident, step=n, start_ns=start, end_ns=end,
+                                    duration_ns=end - start, **info))
+        elif kind == "R":
+            _, rt, row = item
+            full = {k: v for k, v in self.ident.items() if k in RECORD_TYPES[rt].column_names}
+            if "ts_ns" in RECORD_TYPES[rt].column_names:
+                full["ts_ns"] = time.time_ns()
+            full.update(row)
+            self._add(rt, full)
+        return True
+
+    def _collective_row(self, op: Any) -> dict[str, Any]:
+        cpu = self.cpu.to_epoch
+        enq = cpu(op.t_enq)
+        started, completed, duration, state = enq, -1, -1, op.state
+        if op.t_done >= 0:
+            completed = cpu(op.t_done)
+            duration = completed - enq
+        if op.ev1 is not None and self.cuda is not None and self.cuda.anchored:
+            if CudaTimer.done(op.ev1):
+                started, completed = self.cuda.to_epoch(op.ev0), self.cuda.to_epoch(op.ev1)
+                duration = CudaTimer.elapsed_ns(op.ev0, op.ev1)
+            else:
+                started, completed, duration = -1, -1, -1
+                state = "enqueued"
+        if state == "completed" and completed < 0:
+            state = "started"
+        g = op.group
+        return dict(self.ident, step=op.step, microbatch=op.mb, group_id=g.group_id,
+                    axis=g.axis, group_rank=g.group_rank, group_size=g.size, seq=op.seq,
+                    op=op.name, bytes=op.nbytes, dtype=op.dtype, peer=op.peer, state=state,
+                    enqueued_ns=enq, started_ns=started, completed_ns=completed,
+                    duration_ns=duration)
+
+    def _inflight(self) -> None:
+        stack = self.stack
+        ts = time.time_ns()
+        try:
+            top = stack[-1]
+        except IndexError:
+            top = None
+        if top is None:
+            row = dict(self.ident, ts_ns=ts, step=self.step, kind="idle", since_ns=ts)
+        else:
+            kind, op, group_id, axis, seq, peer, since, step = top
+            row = dict(self.ident, ts_ns=ts, step=step, kind=kind, op=op, group_id=group_id,
+                       axis=axis, seq=seq, peer=peer, since_ns=self.cpu.to_epoch(since))
+        self._add("inflight", row)
+
+    def _metrics(self) -> None:
+        now = time.monotonic_ns()
+        prev_t, prev_o = self._metrics_prev
+        overhead = self.overhead_ns
+        self._metrics_prev = (now, overhead)
+        s = self.stats()
+        values = {
+            "hooks.overhead_ns_total": overhead,
+            "hooks.overhead_fraction": (overhead - prev_o) / max(1, now - prev_t),
+            "hooks.hooked_calls_total": s["calls"],
+            "hooks.overhead_ns_per_call": overhead / max(1, s["calls"]),
+            "hooks.records_written_total": s["records_written"],
+            "hooks.dropped_records_total": s["dropped_records"],
+            "hooks.sink_errors_total": s["sink_errors"],
+            "hooks.worker_errors_total": s["worker_errors"],
+            "hooks.queue_len": s["queue_len"],
+            "hooks.pending": s["pending"],
+        }
+        ts = time.time_ns()
+        for name, value in values.items():
+            self._add("metrics", {"ts_ns": ts, "job": self.job, "host": self.host,
+                                  "rank": self.rank, "source": "hooks", "device": "",
+                                  "name": name, "value": float(value)})
+
+    def _flush(self) -> None:
+        self._open_sink()
+        rows, self.rows = self.rows, {}
+        for rt, batch in rows.items():
+            if not self._sink_open:
+                self.sink_dropped += len(batch)
+                continue
+            try:
+                self.sink.write(rt, batch)
+                self.records_written += len(batch)
+            except Exception as e:
+                self.sink_errors += 1
+                self.sink_dropped += len(batch)
+                self.last_error = f"sink.write({rt}): {e!r}"[:500]
+
+    def _final(self) -> None:
+        deadline = time.monotonic() + self.config.resolve_timeout_s
+        self._drain()
+        while self.waiting and time.monotonic() < deadline:
+            time.sleep(0.01)
+            self._drain()
+        for item in self.waiting:
+            self._convert(item, force=True)
+        self.waiting = []
+        for key, op in list(self.pending_async.items()):
+            if self.pending_async.pop(key, None) is not None:
+                op.state = "started"
+                self._add("collectives", self._collective_row(op))
+        self._metrics()
+        self._flush()
+        if self._sink_open:
+            try:
+                self.sink.flush()
+                self.sink.close()
+            except Exception as e:
+                self.sink_errors += 1
+                self.last_error = f"sink.close: {e!r}"[:500]
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
