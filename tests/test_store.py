@@ -1,0 +1,227 @@
+"""The store and the collector in-process: migrations, rollup, exactly-once writes,
+backpressure, jobs upserts. Real chDB and SQLite in a temp dir."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pyarrow as pa
+import pytest
+
+from fleetscope import codec
+from fleetscope.collector import Backpressure, IngestWriter, prepare
+from fleetscope.schema import RECORD_TYPES
+from fleetscope.server.db import Job, open_db
+from fleetscope.server.store import Store, queries
+from fleetscope.server.store.migrations import MIGRATIONS, migrate
+from tests.helpers.data import now_ns, sample_rows
+
+MS = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """One chdb store + SQLite DB for the module (chdb allows one store path per process)."""
+    d = tmp_path_factory.mktemp("store")
+    store = Store.open(f"chdb://{d / 'store'}", ttl_days=30)
+    db = open_db(f"sqlite:///{d / 'control.db'}")
+    yield store, db
+    store.close()
+
+
+def run_writer(store, db, batches, **kw):
+    """Submit (key, {type: rows}) batches concurrently to a fresh writer; return results."""
+
+    async def main():
+        w = IngestWriter(store, db, **kw)
+        await w.start()
+        try:
+            tables = [(k, {n: codec.rows_to_table(RECORD_TYPES[n], r) for n, r in b.items()}) for k, b in batches]
+            return await asyncio.gather(*(w.submit(k, t) for k, t in tables), return_exceptions=True)
+        finally:
+            await w.stop()
+
+    return asyncio.run(main())
+
+
+def count(store, table, job):
+    return int(store.command(f"SELECT count() FROM `{table}` WHERE job = {{job:String}}", {"job": job}))
+
+
+def test_migrations_are_versioned_and_idempotent(env):
+    store, _ = env
+    assert migrate(store.client, 30) == []  # already applied by Store.open
+    versions = [r["version"] for r in store.query_rows("SELECT version FROM schema_migrations")]
+    assert versions == [m.version for m in MIGRATIONS]
+    # a TTL change between restarts is applied to existing tables
+    migrate(store.client, 7)
+    q = store.query_rows("SELECT create_table_query AS q FROM system.tables WHERE name = 'steps'")[0]["q"]
+    assert "toIntervalDay(7)" in q
+    migrate(store.client, 30)
+    q = store.query_rows("SELECT create_table_query AS q FROM system.tables WHERE name = 'steps'")[0]["q"]
+    assert "toIntervalDay(30)" in q and "PARTITION BY toDate" in q
+
+
+def test_same_key_written_once_even_in_one_group(env):
+    store, db = env
+    rows = {"steps": sample_rows("steps", 3, job="dedup-1"), "metrics": sample_rows("metrics", 2, job="dedup-1")}
+    res = run_writer(store, db, [("k-dedup-1", rows), ("k-dedup-1", rows), ("k-dedup-2", rows)], linger_s=0.2)
+    assert [r.duplicate for r in res] == [False, True, False]
+    assert count(store, "steps", "dedup-1") == 6 and count(store, "metrics", "dedup-1") == 4
+    res = run_writer(store, db, [("k-dedup-2", rows)])
+    assert res[0].duplicate and res[0].rows == {"steps": 3, "metrics": 2}
+    assert count(store, "steps", "dedup-1") == 6
+
+
+def test_retry_writes_only_the_missing_tables(env):
+    """A batch whose first attempt stored only some tables is completed, not doubled."""
+    store, db = env
+    steps = sample_rows("steps", 4, job="partial")
+    metrics = sample_rows("metrics", 5, job="partial")
+    run_writer(store, db, [("k-partial", {"steps": steps})])  # as if the metrics insert had failed
+    res = run_writer(store, db, [("k-partial", {"steps": steps, "metrics": metrics})])
+    assert not res[0].duplicate
+    assert count(store, "steps", "partial") == 4 and count(store, "metrics", "partial") == 5
+    batches = store.query_rows(
+        "SELECT `table`, sum(rows) AS n FROM ingest_batches WHERE batch = 'k-partial' GROUP BY `table` ORDER BY `table`"
+    )
+    assert [(b["table"], b["n"]) for b in batches] == [("metrics", 5), ("steps", 4)]
+
+
+def test_backpressure_when_queue_full(env):
+    store, db = env
+
+    async def main():
+        w = IngestWriter(store, db, max_queue_rows=1000, linger_s=0.5)
+        await w.start()
+        t = {"metrics": codec.rows_to_table(RECORD_TYPES["metrics"], sample_rows("metrics", 800, job="bp"))}
+        first = asyncio.create_task(w.submit("bp-1", t))
+        await asyncio.sleep(0.05)
+        with pytest.raises(Backpressure) as e:
+            await w.submit("bp-2", t)
+        assert e.value.retry_after_s >= 1
+        result = await first  # the accepted batch is still written
+        await w.stop()
+        return result
+
+    assert asyncio.run(main()).rows == {"metrics": 800}
+    assert count(store, "metrics", "bp") == 800
+
+
+def test_clock_offset_and_host_header(env):
+    t = {
+        "collectives": codec.rows_to_table(
+            RECORD_TYPES["collectives"],
+            sample_rows("collectives", 2, t0_ns=2_000_000_000 * 10**9, host="", completed_ns=-1),
+        )
+    }
+    out = prepare(t, host="node-7", clock_offset_ns=-5)
+    c = out["collectives"]
+    assert c["enqueued_ns"].to_pylist() == [2_000_000_000 * 10**9 - 5, 2_000_000_000 * 10**9 + MS - 5]
+    assert c["completed_ns"].to_pylist() == [-1, -1]  # sentinels untouched
+    assert c["host"].to_pylist() == ["node-7", "node-7"]
+    assert t["collectives"]["host"].to_pylist() == ["", ""]  # input not modified
+
+
+def test_jobs_upsert_is_order_independent(env):
+    store, db = env
+    t0 = now_ns()
+    job = {"job": "lifecycle", "dp": 2, "tp": 2, "pp": 2, "model_flops_per_step": 1e12, "device_peak_flops": 1e11}
+    end = dict(job, ts_ns=t0 + 10 * 10**9, status="finished")
+    start = dict(job, ts_ns=t0, status="running", name="llama-tiny")
+    run_writer(store, db, [("k-end", {"jobs": [end]})])  # the end record arrives first
+    run_writer(store, db, [("k-start", {"jobs": [start]})])
+    with db() as s:
+        j = s.get(Job, "lifecycle")
+        assert (j.status, j.start_ns, j.end_ns, j.world_size) == ("finished", t0, t0 + 10 * 10**9, 8)
+    restart = dict(start, attempt=1, ts_ns=t0 + 20 * 10**9)
+    run_writer(store, db, [("k-restart", {"jobs": [restart]})])
+    with db() as s:
+        j = s.get(Job, "lifecycle")
+        assert (j.status, j.attempt, j.start_ns, j.end_ns) == ("running", 1, t0 + 20 * 10**9, None)
+
+
+def _sec(rank, step, name, kind, dur_ms, t0, mb=-1):
+    return dict(job="hand", rank=rank, step=step, name=name, kind=kind, microbatch=mb,
+                start_ns=t0, end_ns=t0 + dur_ms * MS, duration_ns=dur_ms * MS)  # fmt: skip
+
+
+def _coll(rank, step, axis, dur_ms, t0, seq, op="all_reduce", peer=-1):
+    return dict(job="hand", rank=rank, step=step, group_id=f"{axis}.x", axis=axis, seq=seq, op=op,
+                peer=peer, enqueued_ns=t0, started_ns=t0, completed_ns=t0 + dur_ms * MS,
+                duration_ns=dur_ms * MS)  # fmt: skip
+
+
+def hand_dataset(t0):
+    """Two batches (so the rollup holds partial aggregates) of a 2-rank, 2-step job."""
+    b1 = {
+        "sections": [
+            _sec(0, 1, "dataloader", "dataloader", 10, t0),
+            _sec(0, 1, "forward", "compute", 30, t0, mb=0),
+            _sec(1, 1, "dataloader", "dataloader", 20, t0),
+            _sec(1, 1, "forward", "compute", 30, t0, mb=0),
+        ],
+        "collectives": [_coll(0, 1, "tp", 8, t0, 1), _coll(1, 1, "pp", 10, t0, 1, op="send", peer=0)],
+        "steps": [
+            dict(job="hand", rank=0, step=1, start_ns=t0, end_ns=t0 + 120 * MS, duration_ns=120 * MS),
+            dict(job="hand", rank=1, step=1, start_ns=t0, end_ns=t0 + 100 * MS, duration_ns=100 * MS),
+        ],
+    }
+    b2 = {
+        "sections": [
+            _sec(0, 1, "backward", "compute", 40, t0, mb=0),
+            _sec(0, 1, "optimizer", "optimizer", 5, t0),
+            _sec(1, 1, "backward", "compute", 50, t0, mb=0),
+            _sec(1, 1, "optimizer", "optimizer", 5, t0),
+            _sec(0, 2, "forward", "compute", 25, t0 + 200 * MS),
+            _sec(0, 2, "log", "other", 3, t0 + 200 * MS),
+        ],
+        "collectives": [_coll(0, 1, "dp", 12, t0, 1), _coll(0, 2, "dp", 7, t0 + 200 * MS, 2)],
+    }
+    return b1, b2
+
+
+# rank 0 step 1: compute 30+40, optimizer 5, data 10, comm tp 8 + dp 12, step 120 -> idle 15
+# rank 1 step 1: compute 30+50, optimizer 5, data 20, comm pp 10, step 100 -> busy 115, idle 0
+# rank 0 step 2: no step marker -> total = busy = 25 + 3 + 7
+EXPECTED = {
+    (1, 0): dict(compute_ns=70, optimizer_ns=5, dataloader_ns=10, other_ns=0, comm_ns=20,
+                 comm_dp_ns=12, comm_tp_ns=8, comm_pp_ns=0, total_ns=120, idle_ns=15),
+    (1, 1): dict(compute_ns=80, optimizer_ns=5, dataloader_ns=20, other_ns=0, comm_ns=10,
+                 comm_dp_ns=0, comm_tp_ns=0, comm_pp_ns=10, total_ns=100, idle_ns=0),
+    (2, 0): dict(compute_ns=25, optimizer_ns=0, dataloader_ns=0, other_ns=3, comm_ns=7,
+                 comm_dp_ns=7, comm_tp_ns=0, comm_pp_ns=0, total_ns=35, idle_ns=0),
+}  # fmt: skip
+
+
+def test_rollup_breakdown_matches_hand_computed(env):
+    store, db = env
+    t0 = now_ns()
+    b1, b2 = hand_dataset(t0)
+    run_writer(store, db, [("hand-1", b1)])
+    run_writer(store, db, [("hand-2", b2)])
+    df = queries.step_breakdown(store, "hand", 0, 0, 10, [], 100)
+    got = {(int(r.step), int(r.rank)): {k: int(getattr(r, k)) // MS for k in EXPECTED[(1, 0)]} for r in df.itertuples()}
+    assert got == EXPECTED
+    only_rank1 = queries.step_breakdown(store, "hand", 0, 0, 10, [1], 100)
+    assert only_rank1["rank"].tolist() == [1]
+    assert queries.latest_attempt(store, "hand") == 0
+    assert queries.latest_attempt(store, "no-such-job") is None
+
+
+def test_store_rejects_bad_urls():
+    from fleetscope.server.store import StoreURLError, parse_store_url
+
+    with pytest.raises(StoreURLError, match="ftp"):
+        Store.open("ftp://x/y")
+    assert parse_store_url("chdb://rel/dir", cwd="/base").path == "/base/rel/dir"
+
+
+def test_insert_with_batch_column_is_dictionary_encoded():
+    from fleetscope.collector.writer import with_batch_column
+
+    a = pa.table({"x": [1, 2]})
+    b = pa.table({"x": [3]})
+    t = with_batch_column([("k1", a), ("k2", b)])
+    assert t.column("_batch").to_pylist() == ["k1", "k1", "k2"]
+    assert pa.types.is_dictionary(t.schema.field("_batch").type)
