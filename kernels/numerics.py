@@ -70,8 +70,14 @@ def deterministic_result(device: str, *, n: int, depth: int, dtype: str) -> obje
     gen = torch.Generator(device="cpu").manual_seed(SEED)
     x = torch.randn(n, n, generator=gen).to(device, torch_dtype)
     weights = (torch.randn(depth, n, n, generator=gen) / math.sqrt(n)).to(device, torch_dtype)
-    for i in range(depth):
-        x = x + torch.tanh(x @ weights[i]) * 0.5
+    threads = torch.get_num_threads()
+    if device == "cpu":  # CPU BLAS blocking (and so summation order) depends on threads
+        torch.set_num_threads(1)
+    try:
+        for i in range(depth):
+            x = x + torch.tanh(x @ weights[i]) * 0.5
+    finally:
+        torch.set_num_threads(threads)
     return x.float().cpu().contiguous()
 
 

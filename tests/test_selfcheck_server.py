@@ -18,7 +18,14 @@ from tests.helpers.server import running_server
 TOKEN = "selfcheck-token-0123456789"
 
 
-def test_probe_results_are_ingested_scored_and_served(tmp_path):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("selfcheck-server"), token=TOKEN) as url:
+        yield url
+
+
+def test_probe_results_are_ingested_scored_and_served(server):
+    url = server
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -29,46 +36,101 @@ def test_probe_results_are_ingested_scored_and_served(tmp_path):
     finally:
         torch.set_num_threads(before)
 
-    with running_server(tmp_path, token=TOKEN) as url:
-        for i, (host, r) in enumerate(runs.items()):
-            ack = ship_records(url, [r.to_record(host=host, job="maint-7")], host=host,
-                               fmt="arrow" if i % 2 else "json", token=TOKEN)
-            assert ack["accepted"] is True and ack["rows"]["probes"] == 1
+    for i, (host, r) in enumerate(runs.items()):
+        ack = ship_records(url, [r.to_record(host=host, job="maint-7")], host=host,
+                           fmt="arrow" if i % 2 else "json", token=TOKEN)
+        assert ack["accepted"] is True and ack["rows"]["probes"] == 1
 
-        # the CLI on "another host": the numerics probe only, shipped as Arrow
-        cli = subprocess.run(
-            [sys.executable, "-m", "fleetscope.cli", "selfcheck", "--server", url,
-             "--host", "cli-host", "--job", "maint-7", "--probes", "numerics",
-             "--nprocs", "1", "--output", "json"],
-            capture_output=True, text=True, timeout=120,
-            env={"PATH": "/usr/bin:/bin", "FLEETSCOPE_TOKEN": TOKEN},
-        )
-        assert cli.returncode == 0, cli.stderr
-        printed = [json.loads(line) for line in cli.stdout.splitlines()]
-        assert [p["probe"] for p in printed] == ["numerics"]
-        assert "shipped 1 probes records" in cli.stderr
+    # the CLI on "another host": the numerics probe only, shipped as Arrow
+    cli = subprocess.run(
+        [sys.executable, "-m", "fleetscope.cli", "selfcheck", "--server", url,
+         "--host", "cli-host", "--job", "maint-7", "--probes", "numerics",
+         "--nprocs", "1", "--output", "json"],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": "/usr/bin:/bin", "FLEETSCOPE_TOKEN": TOKEN},
+    )
+    assert cli.returncode == 0, cli.stderr
+    printed = [json.loads(line) for line in cli.stdout.splitlines()]
+    assert [p["probe"] for p in printed] == ["numerics"]
+    assert "shipped 1 probes records" in cli.stderr
 
-        auth = url.auth_headers
-        fleet = httpx.get(f"{url.api}/selfcheck/hosts", headers=auth, timeout=30).json()
-        status = {h["host"]: h["status"] for h in fleet["hosts"]}
-        assert status == {"node-a": "ok", "node-b": "ok", "node-c": "outlier",
-                          "node-d": "ok", "cli-host": "ok"}, fleet
-        assert [(f["host"], f["kind"]) for f in fleet["findings"]] == [("node-c", "fleet_outlier")]
+    auth = url.auth_headers
+    fleet = httpx.get(f"{url.api}/selfcheck/hosts", headers=auth, timeout=30).json()
+    mine = ("node-a", "node-b", "node-c", "node-d", "cli-host")  # other tests share the server
+    status = {h["host"]: h["status"] for h in fleet["hosts"] if h["host"] in mine}
+    assert status == {"node-a": "ok", "node-b": "ok", "node-c": "outlier",
+                      "node-d": "ok", "cli-host": "ok"}, fleet
+    assert [(f["host"], f["kind"]) for f in fleet["findings"] if f["host"] in mine] == [
+        ("node-c", "fleet_outlier")]
 
-        one = httpx.get(f"{url.api}/hosts/node-c/selfcheck", headers=auth, timeout=30).json()
-        assert one["status"] == "outlier" and one["findings"][0]["ratio"] < 0.6
-        (probe,) = one["probes"]
-        assert probe["probe"] == "matmul" and probe["job"] == "maint-7"
-        assert probe["fleet_samples"] == 4 and probe["variant"] == "fp32 n=128"
+    one = httpx.get(f"{url.api}/hosts/node-c/selfcheck", headers=auth, timeout=30).json()
+    assert one["status"] == "outlier" and one["findings"][0]["ratio"] < 0.6
+    (probe,) = one["probes"]
+    assert probe["probe"] == "matmul" and probe["job"] == "maint-7"
+    assert probe["fleet_samples"] == 4 and probe["variant"] == "fp32 n=128"
 
-        missing = httpx.get(f"{url.api}/hosts/nowhere/selfcheck", headers=auth, timeout=30)
-        assert missing.status_code == 404 and "'nowhere'" in missing.json()["detail"]
-        bad = httpx.get(f"{url.api}/selfcheck/hosts?window_s=-5", headers=auth, timeout=30)
-        assert bad.status_code == 422
-        assert httpx.get(f"{url.api}/selfcheck/hosts", timeout=30).status_code == 401
+    missing = httpx.get(f"{url.api}/hosts/nowhere/selfcheck", headers=auth, timeout=30)
+    assert missing.status_code == 404 and "'nowhere'" in missing.json()["detail"]
+    bad = httpx.get(f"{url.api}/selfcheck/hosts?window_s=-5", headers=auth, timeout=30)
+    assert bad.status_code == 422
+    assert httpx.get(f"{url.api}/selfcheck/hosts", timeout=30).status_code == 401
 
-        # a record the server refuses: the error names the field
-        rec = runs["node-a"].to_record(host="node-a")
-        rec["passed"] = "maybe"
-        with pytest.raises(ShipError, match="passed"):
-            ship_records(url, [rec], host="node-a", fmt="json", token=TOKEN)
+    # a record the server refuses: the error names the field
+    rec = runs["node-a"].to_record(host="node-a")
+    rec["passed"] = "maybe"
+    with pytest.raises(ShipError, match="passed"):
+        ship_records(url, [rec], host="node-a", fmt="json", token=TOKEN)
+
+
+PREFLIGHT_RANK = r"""
+import json, sys
+from dataclasses import replace
+from datetime import timedelta
+import torch, torch.distributed as dist
+from fleetscope.kernels.numerics import BitFlip
+from fleetscope.kernels.plan import KiB, MiB, plan_for
+from fleetscope.kernels.preflight import run_quick
+
+rank, world, workdir, server, token = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:6]
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank,
+                        world_size=world, timeout=timedelta(seconds=60))
+plan = replace(plan_for("quick", cuda=False), matmul_n=96, matmul_budget_s=0.1,
+               membw_bytes=2 * MiB, membw_budget_s=0.05, numerics_n=32, numerics_depth=2,
+               numerics_repeats=2, collective_sizes=(16 * KiB,), collective_budget_s=0.2)
+report = run_quick(job="job-pf", host=f"pf-host{rank}", server=server, token=token, plan=plan,
+                   flip=BitFlip(3, 1) if rank == 2 else None)  # rank 2: silent corruption
+with open(f"{workdir}/report-{rank}.json", "w") as f:
+    json.dump({"passed": report.passed, "hosts_passed": report.hosts_passed,
+               "failures": {str(k): v for k, v in report.failures.items()},
+               "probes": sorted({r.probe for r in report.results}), "shipped": report.shipped}, f)
+dist.destroy_process_group()
+"""
+
+
+def test_preflight_on_every_rank_records_which_hosts_passed(server, tmp_path):
+    world = 3
+    procs = [
+        subprocess.Popen([sys.executable, "-c", PREFLIGHT_RANK, str(r), str(world),
+                          str(tmp_path), server, TOKEN])
+        for r in range(world)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0] * world
+    reports = [json.loads((tmp_path / f"report-{r}.json").read_text()) for r in range(world)]
+    for rep in reports:  # every rank knows the verdict
+        assert rep["passed"] is False and rep["shipped"] is True
+        assert rep["hosts_passed"] == {"pf-host0": True, "pf-host1": True, "pf-host2": False}
+        assert list(rep["failures"]) == ["2"] and "majority" in rep["failures"]["2"][0]
+    assert reports[0]["probes"] == ["allreduce", "alltoall", "matmul", "membw", "numerics"]
+    assert reports[1]["probes"] == ["matmul", "membw", "numerics"]
+
+    doc = httpx.get(f"{server.api}/jobs/job-pf/preflight", headers=server.auth_headers,
+                    timeout=30).json()
+    assert doc["job"] == "job-pf" and doc["passed"] is False and doc["num_hosts"] == 3
+    assert [(h["host"], h["passed"]) for h in doc["hosts"]] == [
+        ("pf-host2", False), ("pf-host0", True), ("pf-host1", True)]
+    assert "numerics" in doc["hosts"][0]["failures"][0]
+    host2 = httpx.get(f"{server.api}/hosts/pf-host2/selfcheck", headers=server.auth_headers,
+                      timeout=30).json()
+    assert host2["status"] == "failed"
+    assert "numerics_mismatch" in {f["kind"] for f in host2["findings"]}

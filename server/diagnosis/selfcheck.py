@@ -378,6 +378,37 @@ def report_to_dict(report: SelfcheckReport, host: str) -> dict[str, Any]:
     }
 
 
+def job_preflight(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Which hosts passed the self-check recorded with one job (its preflight).
+
+    A host passed when every result it recorded for the job passed. Only each host's
+    latest run counts: results older than the host's newest result by more than an hour
+    belong to an earlier attempt.
+
+    Returns:
+        ``{"passed": bool, "num_hosts", "hosts": [{"host", "passed", "num_results",
+        "ts_ns", "failures": [...]}]}``, failing hosts first.
+    """
+    by_host: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_host[str(r["host"])].append(r)
+    hosts = []
+    for host, rs in by_host.items():
+        newest = max(int(r["ts_ns"]) for r in rs)
+        rs = [r for r in rs if newest - int(r["ts_ns"]) <= 3600 * 10**9]
+        failures = []
+        for r in rs:
+            if not bool(r.get("passed", True)):
+                d = _detail(r)
+                why = d.get("reason") or d.get("error") or "failed"
+                failures.append(f"{r['probe']} {r['device']}: {why}")
+        hosts.append({"host": host, "passed": not failures, "num_results": len(rs),
+                      "ts_ns": newest, "failures": failures})
+    hosts.sort(key=lambda h: (h["passed"], h["host"]))
+    return {"passed": bool(hosts) and all(h["passed"] for h in hosts), "num_hosts": len(hosts),
+            "hosts": hosts}
+
+
 # ---------------------------------------------------------------------------------------
 # with the store
 # ---------------------------------------------------------------------------------------

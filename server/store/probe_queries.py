@@ -23,6 +23,16 @@ LIMIT {per_key:UInt64} BY host, device, probe, variant
 LIMIT {limit:UInt64}
 """
 
+JOB_PROBES = """
+SELECT ts_ns, job, host, device, device_model, probe,
+       JSONExtractString(detail, 'variant') AS variant,
+       value, unit, peak_fraction, passed, detail
+FROM probes
+WHERE job = {job:String}
+ORDER BY ts_ns, host, device
+LIMIT {limit:UInt64}
+"""
+
 MAX_ROWS = 2_000_000
 
 
@@ -55,3 +65,8 @@ def recent_probes(
             "limit": int(limit),
         },
     )
+
+
+def job_probes(store: Any, job: str, limit: int = MAX_ROWS) -> list[dict[str, Any]]:
+    """Every probe result recorded with ``job`` (e.g. by the job's preflight), oldest first."""
+    return store.query_rows(JOB_PROBES, {"job": job, "limit": int(limit)})  # type: ignore[no-any-return]

@@ -1,4 +1,5 @@
-"""Self-check results: ``GET /selfcheck/hosts`` and ``GET /hosts/{host}/selfcheck``.
+"""Self-check results: ``GET /selfcheck/hosts``, ``GET /hosts/{host}/selfcheck`` and
+``GET /jobs/{job}/preflight``.
 
 Probe results arrive through ``POST /ingest`` as ``probes`` records (from
 ``fleetscope selfcheck`` and ``fleetscope train --preflight``); these routes score them
@@ -57,3 +58,16 @@ def host_selfcheck(
             404, detail=f"host {host!r} has no self-check results in the last {window_s:g}s"
         )
     return summary
+
+
+@router.get("/jobs/{job}/preflight", responses={404: {"description": "no preflight results"}})
+def job_preflight(
+    store: StoreDep, job: Annotated[str, Path(min_length=1, max_length=255)]
+) -> dict[str, Any]:
+    """Which hosts of a job passed its preflight self-check (``fleetscope train --preflight``)."""
+    from fleetscope.server.store import probe_queries
+
+    rows = probe_queries.job_probes(store, job)
+    if not rows:
+        raise HTTPException(404, detail=f"job {job!r} has no preflight/self-check results")
+    return {"job": job, **selfcheck.job_preflight(rows)}
