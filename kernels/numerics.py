@@ -62,19 +62,28 @@ class BitFlip:
         return cls(nums[0], nums[1], nums[2] if len(nums) == 3 else None)
 
 
-def deterministic_result(device: str, *, n: int, depth: int, dtype: str) -> object:
+def fixed_inputs(n: int, depth: int) -> tuple[object, object]:
+    """The computation's inputs (float32, on the CPU) from the fixed seed."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(SEED)
+    x = torch.randn(n, n, generator=gen)
+    weights = torch.randn(depth, n, n, generator=gen) / math.sqrt(n)
+    return x, weights
+
+
+def deterministic_result(device: str, inputs: tuple[object, object], *, dtype: str) -> object:
     """Run the fixed computation on ``device``; returns the float32 result on the CPU."""
     import torch
 
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    gen = torch.Generator(device="cpu").manual_seed(SEED)
-    x = torch.randn(n, n, generator=gen).to(device, torch_dtype)
-    weights = (torch.randn(depth, n, n, generator=gen) / math.sqrt(n)).to(device, torch_dtype)
+    x = inputs[0].to(device, torch_dtype)  # type: ignore[attr-defined]
+    weights = inputs[1].to(device, torch_dtype)  # type: ignore[attr-defined]
     threads = torch.get_num_threads()
     if device == "cpu":  # CPU BLAS blocking (and so summation order) depends on threads
         torch.set_num_threads(1)
     try:
-        for i in range(depth):
+        for i in range(weights.shape[0]):
             x = x + torch.tanh(x @ weights[i]) * 0.5
     finally:
         torch.set_num_threads(threads)
@@ -124,8 +133,9 @@ def numerics_probe(
     t0 = time.perf_counter()
     progress(f"numerics {dev.device} {dtype} n={n} depth={depth} x{repeats}")
     hashes = []
+    inputs = fixed_inputs(n, depth)
     for rep in range(repeats):
-        out = deterministic_result(dev.device, n=n, depth=depth, dtype=dtype)
+        out = deterministic_result(dev.device, inputs, dtype=dtype)
         if flip is not None and flip.repeat in (None, rep):
             _flip(out, flip)
         hashes.append(result_hash(out))
