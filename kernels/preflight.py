@@ -9,8 +9,9 @@ every rank calls :func:`run_quick` after ``init_process_group`` and before train
 3. the numerics hashes of all ranks are compared (same device model and variant must
    give the same bits; the minority fails);
 4. pass/fail of every rank is gathered, so every rank knows which hosts passed;
-5. each rank ships its own results as ``probes`` records with the job id (if a server is
-   given), so the job records which hosts passed: ``GET /api/v1/jobs/{job}/preflight``.
+5. each rank records its own results as ``probes`` records with the job id — through the
+   job's telemetry (``emit``) or straight to a server — so the job records which hosts
+   passed: ``GET /api/v1/jobs/{job}/preflight``.
 
 Shipping problems are reported on the progress sink and never raise: the job decides
 what a failed preflight means (``PreflightReport.passed``).
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import socket
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -67,6 +68,7 @@ def run_quick(
     host: str | None = None,
     server: str | None = None,
     token: str | None = None,
+    emit: Callable[[dict[str, Any]], None] | None = None,
     device: str | None = None,
     group: Any = None,
     collectives: bool = True,
@@ -85,6 +87,9 @@ def run_quick(
         host: this rank's host name (default: the hostname).
         server: fleetscope server to ship the results to (None: do not ship).
         token: bearer token for the server.
+        emit: called with each ``probes`` record of this rank (e.g. the trainer's
+            ``lambda r: trainer_hooks.emit("probes", **r)``, so the records travel
+            with the job's other telemetry through the spool and the agent).
         device: device of this rank (default: the current CUDA device, else cpu).
         group: process group of the job (default: the world).
         collectives: also measure all-reduce / all-to-all on ``group``.
@@ -133,13 +138,16 @@ def run_quick(
         hosts_passed[h] = hosts_passed.get(h, True) and not reasons
         if reasons:
             failures[k] = tuple(reasons)
+    records = [r.to_record(host=host, job=job) for r in results]
+    if emit is not None:
+        for rec in records:
+            emit(rec)
     shipped = False
     if server:
         from fleetscope.kernels.ship import ShipError, ship_records
 
         try:
-            ship_records(server, [r.to_record(host=host, job=job) for r in results],
-                         host=host, token=token)
+            ship_records(server, records, host=host, token=token)
             shipped = True
         except (ShipError, ValueError) as e:
             say(f"results not shipped: {e}")
@@ -180,3 +188,22 @@ def _only_failures(say: Progress) -> Progress:
             say(msg)
 
     return sink
+
+
+class PreflightFailed(RuntimeError):
+    """Some rank of the job failed the preflight; the message names hosts and reasons."""
+
+
+def check_before_training(**kwargs: Any) -> PreflightReport:
+    """:func:`run_quick` (same arguments), raising :class:`PreflightFailed` on any failure.
+
+    What ``fleetscope train --preflight`` calls on every rank before step 0; every rank
+    raises together, so the job stops before training instead of hanging.
+    """
+    report = run_quick(**kwargs)
+    if not report.passed:
+        reasons = "; ".join(f"rank {k}: {', '.join(v)}" for k, v in sorted(report.failures.items()))
+        raise PreflightFailed(
+            f"preflight failed on host(s) {', '.join(report.failed_hosts)}: {reasons}"
+        )
+    return report

@@ -76,6 +76,10 @@ def register(subparsers: Any) -> None:
     o.add_argument("--no-hooks", action="store_true", help="train without telemetry (baseline)")
     o.add_argument("--inject", action="append", default=[], metavar="SPEC",
                    help="inject a fault (repeatable; see below)")
+    o.add_argument("--preflight", action="store_true",
+                   help="run the quick self-check (matmul, memory bandwidth, numerics, "
+                        "all-reduce/all-to-all) on every rank before step 0; the results "
+                        "are recorded with the job and any failure stops the job")
     o.add_argument("--timeout-s", type=float, default=None,
                    help="stop the whole job after this many seconds (exit 124)")
     o.add_argument("--failure-grace-s", type=float, default=3.0,
@@ -108,6 +112,7 @@ def build_config(args: argparse.Namespace) -> Any:
             job=args.job or time.strftime("train-%Y%m%d-%H%M%S"),
             spool=args.spool or DEFAULT_SPOOL_DIR, hooks=not args.no_hooks,
             injections=tuple(args.inject), command=shlex.join(sys.argv),
+            preflight=args.preflight,
         )
         cfg.check()
     except ValueError as e:

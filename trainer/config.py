@@ -82,6 +82,8 @@ class TrainConfig:
     """Rank order of the axes, fastest first (fleetscope.topology)."""
     command: str = ""
     """Command line, recorded in the job metadata."""
+    preflight: bool = False
+    """Run the quick self-check (fleetscope.kernels.preflight) on every rank before step 0."""
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first value that cannot work."""
