@@ -84,4 +84,8 @@ class CliError(Exception):
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # `python -m fleetscope.cli`: run the imported module, not this __main__ copy, so
+    # components raising fleetscope.cli.CliError are caught by the same class.
+    from fleetscope.cli import main as _main
+
+    sys.exit(_main())
