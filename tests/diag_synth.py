@@ -43,13 +43,14 @@ class SynthJob:
     """Untimed host pause before the step's work (GC-like or launch skew)."""
     link_factor: Callable[[str, int], float] = lambda gid, step: 1.0
     job: str = "synth"
+    t0_ns: int = T0
 
     def build(self) -> dict[str, pd.DataFrame]:
         rng = np.random.default_rng(self.seed)
         topo, n = self.topo, self.topo.world_size
         sec, col, stp = [], [], []
         seq: dict[tuple[str, int], int] = defaultdict(int)
-        clock = np.full(n, float(T0))
+        clock = np.full(n, float(self.t0_ns))
 
         def jitter(x: float) -> float:
             return x * max(0.2, 1.0 + self.noise * rng.standard_normal())

@@ -42,6 +42,8 @@ class HangConfig:
     """An in-flight record older than this no longer describes the rank."""
     heartbeat_stale_s: float = 15.0
     """A heartbeat older than this means the host/agent is gone."""
+    dead_rank_min_s: float = 3.0
+    """Stall threshold once a rank's process is known dead (no step can complete)."""
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,11 @@ def analyse_hang(
         config: thresholds.
     """
     threshold = stall_threshold_s(steps, config)
+    if heartbeats is not None and not heartbeats.empty:
+        mine = heartbeats[heartbeats["rank"].between(0, topo.world_size - 1)]
+        if (mine["alive"].astype(int) == 0).any():  # a rank process is gone: no need to wait
+            p99 = threshold / config.hang_k if threshold > config.hang_min_s else 0.0
+            threshold = max(2 * p99, config.dead_rank_min_s)
     last_end = int(steps["end_ns"].max()) if not steps.empty else int(started_ns)
     last_step = int(steps["step"].max()) if not steps.empty else -1
     stalled_for = (now_ns - last_end) / 1e9 if last_end > 0 else 0.0

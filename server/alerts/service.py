@@ -1,0 +1,32 @@
+"""Service factory of the alert dispatcher for :data:`fleetscope.server.services.SERVICES`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .dispatcher import AlertDispatcher
+
+
+def alert_dispatcher(app: Any) -> AlertDispatcher | DisabledService:
+    s = app.state.settings
+    if not getattr(s, "diagnosis_enabled", True):
+        return DisabledService()
+    d = AlertDispatcher(
+        app.state.db,
+        poll_s=float(getattr(s, "alert_poll_s", 1.0)),
+        retry_base_s=float(getattr(s, "alert_retry_base_s", 1.0)),
+        retry_max_s=float(getattr(s, "alert_retry_max_s", 300.0)),
+        external_url=str(getattr(s, "public_url", "") or ""),
+    )
+    app.state.alert_dispatcher = d
+    return d
+
+
+class DisabledService:
+    """Stands in for a service turned off by settings."""
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None

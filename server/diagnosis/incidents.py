@@ -1,0 +1,96 @@
+"""Incidents: open, update and resolve them from each diagnosis pass's findings.
+
+A finding's ``key`` (kind + culprit, or just ``hang`` - one hang per job at a time)
+identifies the problem across passes. An open incident absent from the findings for
+``resolve_after_s`` is resolved; when the job finished, its open incidents are resolved.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from fleetscope.server.db.diagnosis_models import Incident, dumps
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from .findings import Finding, finding_to_dict
+
+OPEN_STATES = ("open", "acknowledged")
+
+
+@dataclass
+class Change:
+    incident: Incident
+    what: str
+    """opened | updated | resolved"""
+
+
+def incident_key(f: Finding) -> str:
+    if f.kind.value in ("hang", "mfu_drop"):
+        return f.kind.value
+    if f.kind.value in ("heartbeat_lost", "hardware_error") and f.hosts:
+        return f"{f.kind.value}:{','.join(f.hosts)}"
+    return f.key
+
+
+def sync_incidents(session: Session, job: str, findings: list[Finding], now_ns: int,
+                   resolve_after_s: float, job_finished: bool = False) -> list[Change]:
+    """Apply one pass's findings to the job's incidents; returns what changed."""
+    open_rows = {i.key: i for i in session.scalars(
+        select(Incident).where(Incident.job == job, Incident.status.in_(OPEN_STATES)))}
+    changes: list[Change] = []
+    seen: set[str] = set()
+    for f in findings:
+        key = incident_key(f)
+        if key in seen:
+            continue
+        seen.add(key)
+        d = finding_to_dict(f)
+        inc = open_rows.get(key)
+        if inc is None:
+            inc = Incident(job=job, key=key, kind=f.kind.value, status="open", opened_ns=now_ns,
+                           first_step=f.first_step, num_updates=0)
+            session.add(inc)
+            what = "opened"
+        else:
+            what = "updated"
+        material = what == "opened" or _material(inc, f)
+        inc.severity = f.severity.value
+        inc.summary = f.summary
+        inc.ranks = dumps(d["ranks"])
+        inc.hosts = dumps(d["hosts"])
+        inc.group_id = f.group_id
+        inc.score = float(f.score)
+        inc.est_slowdown = float(f.est_slowdown)
+        inc.last_step = f.last_step
+        if inc.first_step < 0 or (f.first_step >= 0 and f.first_step < inc.first_step):
+            inc.first_step = f.first_step
+        inc.evidence = dumps(d["evidence"])
+        inc.last_seen_ns = now_ns
+        if material:
+            inc.updated_ns = now_ns
+            inc.num_updates += 1
+            changes.append(Change(inc, what))
+    for key, inc in open_rows.items():
+        if key in seen:
+            continue
+        gone_s = (now_ns - inc.last_seen_ns) / 1e9
+        if job_finished or gone_s >= resolve_after_s:
+            inc.status = "resolved"
+            inc.resolved_ns = now_ns
+            inc.updated_ns = now_ns
+            inc.resolution = "job finished" if job_finished else f"not detected for {gone_s:.0f}s"
+            changes.append(Change(inc, "resolved"))
+    session.commit()
+    return changes
+
+
+def _material(inc: Incident, f: Finding) -> bool:
+    """Did the problem change in a way worth an update (culprits, size, severity)?"""
+    return (
+        json.loads(inc.ranks) != list(f.ranks)
+        or inc.severity != f.severity.value
+        or abs(inc.est_slowdown - f.est_slowdown) >= 0.02
+        or inc.last_step != f.last_step
+    )

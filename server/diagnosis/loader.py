@@ -1,0 +1,198 @@
+"""ClickHouse SQL that loads the frames the detectors take (the only I/O of diagnosis).
+
+Every query is parameterised (``{name:Type}``) and bounded: a window of the latest
+steps of one job attempt, the latest in-flight/heartbeat row per rank, recent hardware
+signals of the job's hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+LAST_STEP = """
+SELECT max(step) AS last_step, count() AS n FROM steps
+WHERE job = {job:String} AND attempt = {attempt:Int32}
+"""
+
+STEPS = """
+SELECT rank, any(host) AS host, step, min(start_ns) AS start_ns_, max(end_ns) AS end_ns_,
+       max(duration_ns) AS duration_ns_
+FROM steps
+WHERE job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:Int64}
+GROUP BY rank, step
+"""
+
+STEP_TIMES = """
+SELECT step, max(duration_ns) AS duration_ns_, max(end_ns) AS end_ns_
+FROM steps
+WHERE job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:Int64}
+GROUP BY step
+"""
+
+SECTIONS = """
+SELECT rank, step, microbatch, name, kind, start_ns, end_ns, duration_ns
+FROM sections
+WHERE job = {job:String} AND attempt = {attempt:Int32}
+  AND step >= {from_step:Int64} AND step <= {to_step:Int64}
+LIMIT 1 BY rank, step, microbatch, name, start_ns
+"""
+
+COLLECTIVES = """
+SELECT rank, step, microbatch, group_id, axis, seq, op, bytes, dtype, peer, state,
+       enqueued_ns, completed_ns
+FROM collectives
+WHERE job = {job:String} AND attempt = {attempt:Int32}
+  AND step >= {from_step:Int64} AND step <= {to_step:Int64}
+LIMIT 1 BY rank, group_id, seq, op, peer
+"""
+
+PROGRESS = """
+SELECT rank, group_id, max(seq) AS last_seq
+FROM collectives
+WHERE job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:Int64}
+  AND state = 'completed'
+GROUP BY rank, group_id
+"""
+
+INFLIGHT_LATEST = """
+SELECT rank, max(ts_ns) AS last_ts, argMax(step, ts_ns) AS cur_step, argMax(kind, ts_ns) AS cur_kind,
+       argMax(op, ts_ns) AS cur_op, argMax(group_id, ts_ns) AS cur_group_id,
+       argMax(axis, ts_ns) AS cur_axis, argMax(seq, ts_ns) AS cur_seq, argMax(peer, ts_ns) AS cur_peer,
+       argMax(since_ns, ts_ns) AS cur_since_ns
+FROM inflight
+WHERE job = {job:String} AND attempt = {attempt:Int32} AND ts_ns >= {since_ns:Int64}
+GROUP BY rank
+"""
+
+HEARTBEATS_LATEST = """
+SELECT rank, host, max(ts_ns) AS last_ts, argMax(alive, ts_ns) AS cur_alive, argMax(pid, ts_ns) AS cur_pid,
+       minIf(ts_ns, alive = 0) AS dead_since_ns
+FROM heartbeats
+WHERE ts_ns >= {since_ns:Int64}
+  AND (job = {job:String} OR (rank = -1 AND has({hosts:Array(String)}, host)))
+GROUP BY rank, host
+"""
+
+LAST_SEEN = """
+SELECT rank, max(t) AS last_seen_ns FROM (
+  SELECT rank, max(end_ns) AS t FROM sections
+  WHERE job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:Int64} GROUP BY rank
+  UNION ALL
+  SELECT rank, max(completed_ns) AS t FROM collectives
+  WHERE job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:Int64}
+    AND state = 'completed' GROUP BY rank
+) GROUP BY rank
+"""
+
+LOG_EVENTS = """
+SELECT ts_ns, host, rank, kind, severity, message FROM log_events
+WHERE ts_ns >= {since_ns:Int64} AND (job = {job:String} OR has({hosts:Array(String)}, host))
+ORDER BY ts_ns DESC LIMIT 500
+"""
+
+HW_METRICS = """
+SELECT ts_ns, host, rank, device, name, value FROM metrics
+WHERE ts_ns >= {since_ns:Int64} AND has({hosts:Array(String)}, host)
+  AND multiSearchAny(lower(name), ['xid', 'ecc', 'throttle', 'carrier', 'flap', 'link_down'])
+ORDER BY ts_ns DESC LIMIT 5000
+"""
+
+LATEST_ATTEMPT = """
+SELECT max(attempt) AS attempt, count() AS n FROM jobs WHERE job = {job:String}
+"""
+
+
+@dataclass
+class JobFrames:
+    """Everything one diagnosis pass needs for one job attempt."""
+
+    attempt: int
+    last_step: int
+    steps: pd.DataFrame
+    sections: pd.DataFrame
+    collectives: pd.DataFrame
+    step_times: pd.DataFrame
+    inflight: pd.DataFrame
+    heartbeats: pd.DataFrame
+    progress: pd.DataFrame
+    last_seen: dict[int, int]
+    log_events: pd.DataFrame
+    metrics: pd.DataFrame
+
+    @property
+    def hosts(self) -> dict[int, str]:
+        """Rank -> host, from step markers (falling back to heartbeats)."""
+        out: dict[int, str] = {}
+        for df in (self.heartbeats, self.steps):
+            if not df.empty:
+                for r, h in df[df["rank"] >= 0][["rank", "host"]].drop_duplicates("rank").itertuples(index=False):
+                    if h:
+                        out[int(r)] = str(h)
+        return out
+
+
+def latest_attempt(store: Any, job: str) -> int:
+    rows = store.query_rows(LATEST_ATTEMPT, {"job": job})
+    return int(rows[0]["attempt"]) if rows and rows[0]["n"] else 0
+
+
+def load_job_frames(
+    store: Any, job: str, now_ns: int, window_steps: int = 24, mfu_window_steps: int = 120,
+    attempt: int | None = None, lookback_s: float = 600.0,
+) -> JobFrames:
+    """Load a bounded window of one job's telemetry.
+
+    Args:
+        store: the ClickHouse store (``query_df``/``query_rows``).
+        job: job id.
+        now_ns: the server's current time.
+        window_steps: steps of detailed events (sections/collectives) to load.
+        mfu_window_steps: steps of per-step times for MFU and the stall threshold.
+        attempt: job attempt; default the latest.
+        lookback_s: how far back in-flight, heartbeat and hardware rows are read.
+    """
+    att = latest_attempt(store, job) if attempt is None else attempt
+    p: dict[str, Any] = {"job": job, "attempt": att}
+    r = store.query_rows(LAST_STEP, p)
+    last_step = int(r[0]["last_step"]) if r and r[0]["n"] else -1
+    from_step = max(last_step - window_steps + 1, 0)
+    p.update(from_step=from_step, to_step=max(last_step, 0) + 1,
+             since_ns=int(now_ns - lookback_s * 1e9))
+    steps = _df(store, STEPS, p, ["rank", "host", "step", "start_ns", "end_ns", "duration_ns"])
+    hosts = sorted({str(h) for h in steps["host"] if h}) if not steps.empty else []
+    p["hosts"] = hosts
+    frames = JobFrames(
+        attempt=att,
+        last_step=last_step,
+        steps=steps,
+        sections=_df(store, SECTIONS, p),
+        collectives=_df(store, COLLECTIVES, p),
+        step_times=_df(store, STEP_TIMES, {**p, "from_step": max(last_step - mfu_window_steps + 1, 0)},
+                       ["step", "duration_ns", "end_ns"]),
+        inflight=_df(store, INFLIGHT_LATEST, p),
+        heartbeats=_df(store, HEARTBEATS_LATEST, p, ["rank", "host", "ts_ns", "alive", "pid", "dead_since_ns"]),
+        progress=_df(store, PROGRESS, {**p, "from_step": max(last_step - 2, 0)}, ["rank", "group_id", "last_seq"]),
+        last_seen={},
+        log_events=_df(store, LOG_EVENTS, p),
+        metrics=_df(store, HW_METRICS, p) if hosts else pd.DataFrame(),
+    )
+    ls = _df(store, LAST_SEEN, p, ["rank", "last_seen_ns"])
+    frames.last_seen = {int(a): int(b) for a, b in ls.itertuples(index=False)}
+    hb = frames.heartbeats
+    if not hb.empty:  # minIf over no dead rows yields 0
+        hb["dead_since_ns"] = hb["dead_since_ns"].where(hb["dead_since_ns"] > 0, hb["ts_ns"])
+    return frames
+
+
+def _df(store: Any, sql: str, params: dict[str, Any], columns: list[str] | None = None) -> pd.DataFrame:
+    df = store.query_df(sql, params)
+    if df is None or (df.empty and columns):
+        return pd.DataFrame(columns=columns or [])
+    df = df.rename(columns=lambda c: c[4:] if c.startswith("cur_") else c.replace("last_ts", "ts_ns").rstrip("_"))
+    for c in df.columns:  # ClickHouse unsigned/nullable types -> plain numpy
+        if str(df[c].dtype) in ("UInt8", "UInt16", "UInt32", "UInt64", "Int32", "Int64"):
+            df[c] = df[c].astype("int64")
+    return df
