@@ -85,12 +85,12 @@ def _rank_main(cfg: TrainConfig, rank: int, world_size: int, port: int) -> None:
 
 def _preload() -> None:
     """Import the heavy modules once here so forked ranks share them (seconds per rank)."""
+    import fleetscope.trainer.train  # noqa: F401
     import pyarrow  # noqa: F401  (the spool sink's encoder)
     import torch._dynamo  # noqa: F401  (imported lazily by torch.optim.AdamW: ~3 s)
     import torch.optim  # noqa: F401
 
     import fleetscope.codec  # noqa: F401
-    import fleetscope.trainer.train  # noqa: F401
 
 
 def start_agent(server: str, spool: str, job: str) -> subprocess.Popen | None:

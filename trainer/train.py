@@ -35,6 +35,8 @@ class RankResult:
     rank: int
     losses: list[float] = field(default_factory=list)
     step_times_s: list[float] = field(default_factory=list)
+    hook_stats: dict[str, Any] = field(default_factory=dict)
+    """The hooks' counters at shutdown (overhead, drops, sink errors); empty without hooks."""
 
 
 def pick_device(cfg: TrainConfig, local_rank: int) -> torch.device:
@@ -69,30 +71,39 @@ def run_rank(cfg: TrainConfig, rank: int, world_size: int, local_rank: int | Non
     faults = FaultInjector([parse_fault(s, world_size) for s in cfg.injections], rank,
                            groups.by_id(), device)
     faults.install_comm()  # below the tracing layer: hooks wrap what it patched
+    rec = None
     if cfg.hooks:
-        hooks.init(job=cfg.job, rank=rank, topology=topo, sink=sink, spool=cfg.spool,
+        rec = hooks.init(job=cfg.job, rank=rank, topology=topo, sink=sink, spool=cfg.spool,
                    local_rank=local_rank, device=device)
         for axis in ("dp", "tp", "pp"):
             if groups.get(axis) is not None:
                 hooks.register_group(groups.get(axis), axis)
     status = "failed"
+    result = RankResult(rank)
     try:
         if rank == 0:
             _emit_job(cfg, device, "running")
-        result = _train(cfg, rank, topo, groups, faults, device)
+        if cfg.preflight:  # self-check on every rank before step 0 (fleetscope.kernels)
+            from fleetscope.kernels.preflight import check_before_training
+
+            check_before_training(job=cfg.job, device=str(device),
+                                  emit=lambda rec: hooks.emit("probes", **rec))
+        _train(cfg, rank, topo, groups, faults, device, result)
         status = "finished"
         return result
     finally:
         if rank == 0:
             _emit_job(cfg, device, status)
         hooks.shutdown()
+        if rec is not None:
+            result.hook_stats = rec.stats()
         faults.uninstall_comm()
         if status == "finished":
             dist.destroy_process_group()
 
 
 def _train(cfg: TrainConfig, rank: int, topo: Topology, groups: Any, faults: FaultInjector,
-           device: torch.device) -> RankResult:
+           device: torch.device, result: RankResult) -> None:
     c = topo.coords(rank)
     m = cfg.model
     tp = TPContext(groups.tp, c.tp, cfg.tp)
@@ -105,7 +116,6 @@ def _train(cfg: TrainConfig, rank: int, topo: Topology, groups: Any, faults: Fau
     ds = data_mod.StepDataset(cfg.seed, cfg.steps, cfg.global_batch, m.seq_len, m.vocab_size,
                               c.dp, cfg.dp, cfg.load_cost_ms)
     stream = data_mod.batches(ds, cfg.data == "loader", cfg.loader_workers)
-    result = RankResult(rank)
     tokens_per_step = cfg.global_batch // cfg.dp * m.seq_len
     for step in range(cfg.steps):
         t_step = time.perf_counter()
@@ -116,7 +126,6 @@ def _train(cfg: TrainConfig, rank: int, topo: Topology, groups: Any, faults: Fau
         result.step_times_s.append(time.perf_counter() - t_step)
         if model.last and c.tp == 0:
             print(f"step {step} rank {rank} dp{c.dp} loss {loss:.5f}", flush=True)
-    return result
 
 
 def _step(cfg: TrainConfig, step: int, model: GPTStage, params: list, opt: Any,
