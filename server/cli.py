@@ -70,7 +70,7 @@ def build_settings(args: argparse.Namespace):
     try:
         return Settings(**overrides)
     except ValidationError as e:
-        msgs = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}" for err in e.errors())
+        msgs = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg'].removeprefix('Value error, ')}" for err in e.errors())
         raise CliError(msgs) from None
     except StoreURLError as e:
         raise CliError(str(e)) from None

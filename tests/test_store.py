@@ -7,13 +7,13 @@ import asyncio
 
 import pyarrow as pa
 import pytest
-
-from fleetscope import codec
 from fleetscope.collector import Backpressure, IngestWriter, prepare
-from fleetscope.schema import RECORD_TYPES
 from fleetscope.server.db import Job, open_db
 from fleetscope.server.store import Store, queries
 from fleetscope.server.store.migrations import MIGRATIONS, migrate
+
+from fleetscope import codec
+from fleetscope.schema import RECORD_TYPES
 from tests.helpers.data import now_ns, sample_rows
 
 MS = 1_000_000

@@ -4,10 +4,10 @@ tests and benchmarks use it to see what the store holds)."""
 from __future__ import annotations
 
 from fastapi import APIRouter
-
-from fleetscope.schema import RECORD_TYPES
 from fleetscope.server.api.deps import CollectorDep, StoreDep
 from fleetscope.server.store.ddl import BATCHES_TABLE, ROLLUP_TABLE
+
+from fleetscope.schema import RECORD_TYPES
 
 router = APIRouter(tags=["store"])
 
