@@ -1,0 +1,195 @@
+"""A small REST client for the fleetscope API: the dashboard's only data source.
+
+Every call returns an :class:`ApiResult` instead of raising, so a view can show an
+explicit "not available" or error state (a missing route, an unknown job, a server
+that is down) rather than a stack trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import httpx
+
+API_PREFIX = "/api/v1"
+
+
+@dataclass(frozen=True)
+class ApiResult:
+    """Outcome of one REST call."""
+
+    data: Any = None
+    """Decoded JSON body (or raw bytes for ``get_bytes``) when the call succeeded."""
+    error: str = ""
+    """Human-readable reason when it did not; empty on success."""
+    status: int = 0
+    """HTTP status, 0 when the server could not be reached."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @property
+    def not_available(self) -> bool:
+        """The server has no such route (an older server, or a component not installed)."""
+        return self.status in (404, 405) and self.error.lower().strip(". ") in (
+            "not found",
+            "method not allowed",
+        )
+
+
+def normalize_api_base(url: str) -> str:
+    """``http://h:p`` or ``http://h:p/api/v1`` -> ``http://h:p/api/v1``.
+
+    A wildcard bind address (``0.0.0.0``, ``::``) is replaced by loopback, because the
+    dashboard calls the API from the same host when it is mounted in the server.
+
+    Raises:
+        ValueError: the URL is not an absolute http(s) URL.
+    """
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"API URL must look like http://host:port, got {url!r}")
+    netloc = parts.netloc.replace("0.0.0.0", "127.0.0.1").replace("[::]", "[::1]")
+    path = parts.path.rstrip("/")
+    if not path.endswith(API_PREFIX):
+        path += API_PREFIX
+    return urlunsplit((parts.scheme, netloc, path, "", ""))
+
+
+class ApiClient:
+    """Thin, failure-tolerant wrapper over the fleetscope REST API.
+
+    Args:
+        api_base: server URL, with or without the ``/api/v1`` prefix.
+        timeout_s: per-request timeout.
+    """
+
+    def __init__(
+        self, api_base: str | Callable[[], str], timeout_s: float = 15.0, token: str | None = None
+    ) -> None:
+        if callable(api_base):
+            self._resolve: Callable[[], str] | None = api_base
+            self._fixed_base = ""
+        else:
+            self._resolve = None
+            self._fixed_base = normalize_api_base(api_base)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(timeout=timeout_s, headers=headers)
+
+    @property
+    def api_base(self) -> str:
+        """The API URL (resolved now when it is computed per request)."""
+        return normalize_api_base(self._resolve()) if self._resolve else self._fixed_base
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ---- generic -------------------------------------------------------------------
+    def request(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        raw: bool = False,
+    ) -> ApiResult:
+        clean = {k: v for k, v in (params or {}).items() if v is not None and v != ""}
+        try:
+            base = self.api_base
+        except ValueError as e:
+            return ApiResult(error=str(e))
+        try:
+            resp = self._http.request(method, base + path, params=clean, json=json)
+        except httpx.HTTPError as e:
+            return ApiResult(error=f"API unreachable at {base}: {type(e).__name__}")
+        if resp.status_code >= 400:
+            return ApiResult(error=_detail(resp), status=resp.status_code)
+        if raw:
+            return ApiResult(data=resp.content, status=resp.status_code)
+        if not resp.content:
+            return ApiResult(data={}, status=resp.status_code)
+        try:
+            return ApiResult(data=resp.json(), status=resp.status_code)
+        except ValueError:
+            return ApiResult(error=f"{path}: response is not JSON", status=resp.status_code)
+
+    def get(self, path: str, **params: Any) -> ApiResult:
+        return self.request("GET", path, params=params)
+
+    # ---- fleet & jobs (engineer A) -------------------------------------------------
+    def jobs(self) -> ApiResult:
+        return self.get("/jobs")
+
+    def job(self, job: str) -> ApiResult:
+        return self.get(f"/jobs/{_q(job)}")
+
+    # ---- views (this component's server routes) ------------------------------------
+    def heatmap(self, job: str, **params: Any) -> ApiResult:
+        return self.get(f"/jobs/{_q(job)}/heatmap", **params)
+
+    def grid(self, job: str, **params: Any) -> ApiResult:
+        return self.get(f"/jobs/{_q(job)}/grid", **params)
+
+    def timeline(self, job: str, **params: Any) -> ApiResult:
+        return self.get(f"/jobs/{_q(job)}/timeline", **params)
+
+    def trend(self, job: str, **params: Any) -> ApiResult:
+        return self.get(f"/jobs/{_q(job)}/trend", **params)
+
+    def hardware(self, job: str, **params: Any) -> ApiResult:
+        return self.get(f"/jobs/{_q(job)}/hardware", **params)
+
+    def trace(self, job: str, **params: Any) -> ApiResult:
+        return self.request("GET", f"/jobs/{_q(job)}/trace.json", params=params, raw=True)
+
+    # ---- diagnosis & alerts (engineer D) -------------------------------------------
+    def stragglers(self, job: str) -> ApiResult:
+        return self.get(f"/jobs/{_q(job)}/stragglers")
+
+    def hang(self, job: str) -> ApiResult:
+        return self.get(f"/jobs/{_q(job)}/hang")
+
+    def hosts(self) -> ApiResult:
+        return self.get("/hosts")
+
+    def incidents(self, **params: Any) -> ApiResult:
+        return self.get("/incidents", **params)
+
+    def incident(self, incident_id: str | int) -> ApiResult:
+        return self.get(f"/incidents/{_q(str(incident_id))}")
+
+    def incident_action(self, incident_id: str | int, action: str) -> ApiResult:
+        return self.request("POST", f"/incidents/{_q(str(incident_id))}/{action}", json={})
+
+    def alert_rules(self) -> ApiResult:
+        return self.get("/alerts/rules")
+
+    def webhooks(self) -> ApiResult:
+        return self.get("/alerts/webhooks")
+
+    def create(self, path: str, body: Mapping[str, Any]) -> ApiResult:
+        return self.request("POST", path, json=dict(body))
+
+    def delete(self, path: str) -> ApiResult:
+        return self.request("DELETE", path)
+
+
+def _q(segment: str) -> str:
+    return quote(segment, safe="")
+
+
+def _detail(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return f"HTTP {resp.status_code}"
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, list):  # FastAPI validation errors
+        return "; ".join(
+            f"{'.'.join(str(x) for x in d.get('loc', []))}: {d.get('msg', '')}" for d in detail
+        )
+    return str(detail) if detail else f"HTTP {resp.status_code}"

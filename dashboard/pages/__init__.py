@@ -1,0 +1,1 @@
+"""Dashboard pages: each module has ``layout(...)`` and ``register(app, client)``."""

@@ -1,0 +1,248 @@
+"""Incidents (list, detail, acknowledge, resolve) and alert rules / webhooks management."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import dash
+from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
+from fleetscope.dashboard.client import ApiClient, ApiResult
+from fleetscope.dashboard.components import (
+    card,
+    message,
+    result_message,
+    severity_badge,
+    state_badge,
+    table,
+)
+
+ACTIONS = {"ack": ("ack", "acknowledge"), "resolve": ("resolve",)}
+RULE_EXAMPLE = '{"name": "slow ranks", "kind": "slow_compute", "min_slowdown": 0.05, "severity": "warning"}'
+WEBHOOK_EXAMPLE = '{"name": "ops pager", "url": "https://hooks.example.com/fleetscope", "min_severity": "warning"}'
+
+
+def _when(ns: int | None) -> str:
+    if not ns:
+        return "-"
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ranks(v) -> list:
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return []
+    return list(v or [])
+
+
+def layout(app: dash.Dash, incident_id: str | None) -> html.Div:
+    if incident_id is not None:
+        return html.Div(
+            [
+                dcc.Store(id="incident-id", data=incident_id),
+                dcc.Link("← all incidents", href=app.get_relative_path("/incidents")),
+                card(None, html.Div(message("loading incident…", "loading"), id="incident-detail")),
+                html.Div(id="incident-action-status"),
+            ]
+        )
+    return html.Div(
+        [
+            dcc.Store(id="incident-id", data=None),
+            card(
+                "Incidents",
+                dcc.RadioItems(
+                    id="incident-filter",
+                    options=[{"label": f" {s} ", "value": s} for s in ("open", "acknowledged", "resolved", "all")],
+                    value="open",
+                    inline=True,
+                ),
+                html.Div(message("loading incidents…", "loading"), id="incident-list"),
+            ),
+            html.Div(id="incident-action-status"),
+            html.Div(
+                [
+                    card("Alert rules", html.Div(message("loading rules…", "loading"), id="rules-list"),
+                         _create_form("rule", RULE_EXAMPLE)),
+                    card("Webhooks", html.Div(message("loading webhooks…", "loading"), id="webhooks-list"),
+                         _create_form("webhook", WEBHOOK_EXAMPLE)),
+                ],
+                className="fs-row",
+            ),
+        ]
+    )
+
+
+def _create_form(kind: str, example: str) -> html.Div:
+    return html.Div(
+        [
+            html.Label(f"new {kind} (JSON)"),
+            dcc.Textarea(id=f"{kind}-json", value=example, className="fs-json"),
+            html.Button(f"Create {kind}", id=f"{kind}-create", className="fs-btn"),
+            html.Div(id=f"{kind}-create-status"),
+        ]
+    )
+
+
+def _action_buttons(inc: dict) -> html.Div:
+    status = inc.get("status", "open")
+    iid = inc.get("id")
+    return html.Div(
+        [
+            html.Button("Acknowledge", id={"type": "inc-action", "action": "ack", "id": str(iid)},
+                        className="fs-btn fs-secondary", disabled=status != "open"),
+            html.Button("Resolve", id={"type": "inc-action", "action": "resolve", "id": str(iid)},
+                        className="fs-btn fs-secondary", disabled=status == "resolved", style={"marginLeft": "6px"}),
+        ]
+    )
+
+
+def _items(res: ApiResult, key: str) -> list[dict]:
+    data = res.data
+    if isinstance(data, dict):
+        data = data.get(key, data.get("items", []))
+    return list(data or [])
+
+
+def register(app: dash.Dash, client: ApiClient) -> None:
+    def act(iid: str, action: str) -> ApiResult:
+        res = ApiResult(error="unknown action")
+        for name in ACTIONS[action]:
+            res = client.incident_action(iid, name)
+            if not res.not_available:
+                break
+        return res
+
+    @app.callback(
+        Output("incident-action-status", "children"),
+        Input({"type": "inc-action", "action": ALL, "id": ALL}, "n_clicks"),
+        prevent_initial_call=True,
+    )
+    def on_action(clicks):
+        trig = ctx.triggered_id
+        if not trig or not any(clicks or []):
+            return no_update
+        res = act(trig["id"], trig["action"])
+        verb = "acknowledged" if trig["action"] == "ack" else "resolved"
+        if not res.ok:
+            return message(f"incident {trig['id']} could not be {verb}: {res.error}", "error")
+        return html.Div(f"incident {trig['id']} {verb}", className="fs-msg", id="action-ok")
+
+    @app.callback(
+        Output("incident-list", "children"),
+        Input("tick", "data"),
+        Input("incident-filter", "value"),
+        Input("incident-action-status", "children"),
+    )
+    def incident_list(_n, status, _action):
+        res = client.incidents(status=None if status == "all" else status)
+        if not res.ok:
+            return result_message(res, "incidents")
+        items = _items(res, "incidents")
+        if status != "all":
+            items = [i for i in items if i.get("status", "open") == status]
+        if not items:
+            return message(f"no {status if status != 'all' else ''} incidents".replace("  ", " "))
+        rows = [
+            [
+                dcc.Link(f"#{i.get('id')}", href=app.get_relative_path(f"/incidents/{i.get('id')}")),
+                severity_badge(i.get("severity", "")),
+                state_badge(i.get("status", "open")),
+                dcc.Link(i.get("job", ""), href=app.get_relative_path(f"/jobs/{i.get('job', '')}")),
+                i.get("kind", ""),
+                i.get("summary", "")[:140],
+                ", ".join(str(r) for r in _ranks(i.get("ranks"))[:8]),
+                _when(i.get("opened_ns")),
+                _action_buttons(i),
+            ]
+            for i in items[:200]
+        ]
+        return table(["id", "severity", "status", "job", "kind", "summary", "ranks", "opened", ""], rows,
+                     id="incident-table")
+
+    @app.callback(
+        Output("incident-detail", "children"),
+        Input("tick", "data"),
+        Input("incident-id", "data"),
+        Input("incident-action-status", "children"),
+    )
+    def incident_detail(_n, iid, _action):
+        if iid is None:
+            return no_update
+        res = client.incident(iid)
+        if not res.ok:
+            return result_message(res, f"incident {iid}")
+        i = res.data
+        ranks = _ranks(i.get("ranks"))
+        ev = i.get("evidence")
+        if isinstance(ev, str):
+            try:
+                ev = json.loads(ev)
+            except ValueError:
+                pass
+        job_href = f"/jobs/{i.get('job', '')}" + (f"?rank={ranks[0]}" if ranks else "")
+        return html.Div(
+            [
+                html.H3([severity_badge(i.get("severity", "")), state_badge(i.get("status", "open")),
+                         f" #{i.get('id')} {i.get('kind', '')}"]),
+                html.P(i.get("summary", ""), id="incident-summary"),
+                html.P(["job ", dcc.Link(i.get("job", ""), href=app.get_relative_path(job_href)),
+                        f" · ranks {ranks[:16]}" if ranks else "",
+                        f" · steps {i.get('first_step')}–{i.get('last_step')}" if i.get("first_step", -1) >= 0 else "",
+                        f" · est. slowdown {100 * float(i['est_slowdown']):.1f}%" if i.get("est_slowdown") else ""]),
+                html.P(f"opened {_when(i.get('opened_ns'))} · acknowledged {_when(i.get('acknowledged_ns'))}"
+                       f" · resolved {_when(i.get('resolved_ns'))}"),
+                _action_buttons(i),
+                html.H3("Evidence"),
+                html.Pre(json.dumps(ev, indent=2, default=str) if not isinstance(ev, str) else ev, className="fs-evidence"),
+            ]
+        )
+
+    for kind, path, key in (("rule", "/alerts/rules", "rules"), ("webhook", "/alerts/webhooks", "webhooks")):
+        _register_crud(app, client, kind, path, key)
+
+
+def _register_crud(app: dash.Dash, client: ApiClient, kind: str, path: str, key: str) -> None:
+    list_id = "rules-list" if kind == "rule" else "webhooks-list"
+
+    @app.callback(
+        Output(f"{kind}-create-status", "children"),
+        Input(f"{kind}-create", "n_clicks"),
+        State(f"{kind}-json", "value"),
+        prevent_initial_call=True,
+    )
+    def create(_clicks, text):
+        try:
+            body = json.loads(text or "")
+        except ValueError as e:
+            return message(f"not valid JSON: {e}", "error")
+        if not isinstance(body, dict):
+            return message("expected a JSON object", "error")
+        res = client.create(path, body)
+        return message(f"could not create {kind}: {res.error}", "error") if not res.ok else html.Div(
+            f"{kind} created", className="fs-msg")
+
+    @app.callback(
+        Output(list_id, "children"),
+        Input("tick", "data"),
+        Input(f"{kind}-create-status", "children"),
+        Input({"type": f"{kind}-delete", "id": ALL}, "n_clicks"),
+    )
+    def listing(_n, _created, deletes):
+        trig = ctx.triggered_id
+        if isinstance(trig, dict) and any(deletes or []):
+            client.delete(f"{path}/{trig['id']}")
+        res = client.get(path)
+        if not res.ok:
+            return result_message(res, f"{kind}s")
+        items = _items(res, key)
+        if not items:
+            return message(f"no {kind}s configured")
+        cols = [c for c in items[0] if c not in ("secret", "created_ns", "updated_ns")][:8]
+        rows = [
+            [str(it.get(c, ""))[:60] for c in cols]
+            + [html.Button("Delete", id={"type": f"{kind}-delete", "id": str(it.get("id"))}, className="fs-btn fs-secondary")]
+            for it in items
+        ]
+        return table(cols + [""], rows)

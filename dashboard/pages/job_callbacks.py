@@ -1,0 +1,286 @@
+"""Job page callbacks: each one is a REST call followed by a pure figure/HTML builder."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+import dash
+from dash import Input, Output, Patch, State, ctx, dcc, html, no_update
+from fleetscope.dashboard.client import ApiClient
+from fleetscope.dashboard.components import (
+    kpi,
+    message,
+    result_message,
+    severity_badge,
+    state_badge,
+)
+from fleetscope.dashboard.figures.common import fmt_ms, message_figure
+from fleetscope.dashboard.figures.grid import build_grid, grid_culprit_traces
+from fleetscope.dashboard.figures.heatmap import build_heatmap, culprit_trace, heatmap_meta
+from fleetscope.dashboard.figures.timeline import build_timeline
+from fleetscope.dashboard.figures.trends import build_hardware, build_trend
+from fleetscope.dashboard.pages.hang import hang_panel, normalise_hang
+
+STRAGGLER_KINDS = {"slow_compute", "slow_dataloader", "late_arrival", "gc_pause", "straggler"}
+
+
+def _fig_error(res, what: str, height: int):
+    state = "unavailable" if res.not_available else "error"
+    text = f"this server does not provide {what}" if res.not_available else f"{what}: {res.error}"
+    return message_figure(text, state, height=height)
+
+
+def timeline_params(sel: dict | None, ranks: str | None, from_step: int | None, to_step: int | None) -> dict:
+    """Rank set and step window of the timeline (and of the trace export).
+
+    A selected cell shows its step; otherwise the last two steps of the chosen window.
+    """
+    sel = sel or {}
+    params: dict[str, Any] = {"ranks": ranks or None, "rank": sel.get("rank")}
+    if sel.get("step") is not None:
+        params.update(from_step=sel["step"], to_step=sel["step"])
+    elif to_step is not None:
+        params.update(from_step=max(to_step - 1, from_step or 0), to_step=to_step)
+    return params
+
+
+def _diag_culprits(diag: dict | None) -> list[int]:
+    return [int(r) for r in (diag or {}).get("culprits", [])]
+
+
+def register(app: dash.Dash, client: ApiClient) -> None:
+    @app.callback(
+        Output("url", "search"),
+        Output("deep-link", "href"),
+        Input("metric", "value"),
+        Input("agg", "value"),
+        Input("from-step", "value"),
+        Input("to-step", "value"),
+        Input("ranks", "value"),
+        Input("sel", "data"),
+        State("url", "pathname"),
+    )
+    def sync_url(metric, agg, from_step, to_step, ranks, sel, pathname):
+        q = {"metric": metric, "agg": agg, "from": from_step, "to": to_step, "ranks": ranks}
+        q.update({"rank": (sel or {}).get("rank"), "step": (sel or {}).get("step")})
+        search = "?" + urlencode({k: v for k, v in q.items() if v not in (None, "")})
+        return search, f"{pathname}{search}"
+
+    @app.callback(Output("job-header", "children"), Input("tick", "data"), Input("job-id", "data"))
+    def header(_n, job):
+        res = client.job(job)
+        if not res.ok:
+            return result_message(res, f"job {job!r}")
+        j = res.data
+        t = j.get("topology") or {}
+        inc = client.incidents(job=job, status="open")
+        open_inc = [i for i in inc.data if i.get("job", job) == job and i.get("status", "open") == "open"] if inc.ok and isinstance(inc.data, list) else []
+        incidents = (
+            [html.Span([severity_badge(i.get("severity", "warning")), i.get("summary", i.get("kind", ""))[:90]],
+                       style={"display": "block"}) for i in open_inc[:4]]
+            if inc.ok else [html.Span("incidents not available" if inc.not_available else inc.error, className="fs-msg")]
+        )
+        rate = j.get("steps_per_s")
+        return html.Div(
+            [
+                html.Div([html.Span(j.get("name") or job, style={"fontSize": "20px", "fontWeight": 700}), " ",
+                          state_badge(j.get("status", "?"))]),
+                html.Div(
+                    [
+                        kpi("topology", f"DP {t.get('dp')} × PP {t.get('pp')} × TP {t.get('tp')}"),
+                        kpi("ranks", f"{t.get('world_size', '?')}"),
+                        kpi("step", "-" if j.get("last_step") is None else str(j["last_step"])),
+                        kpi("step time", fmt_ms(1000.0 / rate) if rate else "-"),
+                        kpi("MFU", "-" if j.get("mfu") is None else f"{100 * j['mfu']:.1f}%"),
+                        kpi("open incidents", str(len(open_inc)) if inc.ok else "-", id="open-incident-count"),
+                    ],
+                    className="fs-kpis",
+                ),
+                html.Div(incidents or [html.Span("no open incidents", className="fs-msg")]),
+            ]
+        )
+
+    @app.callback(Output("trend", "figure"), Input("tick", "data"), Input("job-id", "data"))
+    def trend(_n, job):
+        res = client.trend(job)
+        return build_trend(res.data) if res.ok else _fig_error(res, "step-time trend", 200)
+
+    @app.callback(Output("diag", "data"), Input("tick", "data"), Input("job-id", "data"))
+    def diagnosis(_n, job):
+        culprits: list[int] = []
+        out: dict[str, Any] = {"ts": time.time()}
+        s = client.stragglers(job)
+        if s.ok:
+            items = s.data.get("stragglers", s.data.get("findings", [])) if isinstance(s.data, dict) else s.data
+            for f in items or []:
+                if str(f.get("kind", "straggler")) in STRAGGLER_KINDS and f.get("ranks"):
+                    culprits.append(int(f["ranks"][0]))
+            out["stragglers"] = items
+        else:
+            out["stragglers_error"] = "not available" if s.not_available else s.error
+        h = client.hang(job)
+        hang = normalise_hang(h.data) if h.ok else None
+        if hang and hang.get("stalled"):
+            culprits += [int(r) for r in hang.get("culprits") or []]
+        out["hang"] = hang
+        out["hang_error"] = "" if h.ok else ("not available" if h.not_available else h.error)
+        out["culprits"] = sorted(set(culprits))
+        return out
+
+    @app.callback(
+        Output("heatmap", "figure"),
+        Output("hm-meta", "data"),
+        Input("metric", "value"),
+        Input("agg", "value"),
+        Input("from-step", "value"),
+        Input("to-step", "value"),
+        Input("tick", "data"),
+        Input("sel", "data"),
+        State("job-id", "data"),
+        State("diag", "data"),
+    )
+    def heatmap(metric, agg, from_step, to_step, _n, sel, job, diag):
+        res = client.heatmap(job, metric=metric, agg=agg, from_step=from_step, to_step=to_step)
+        if not res.ok:
+            return _fig_error(res, "the heat-map", 460), {}
+        selected = (sel["rank"], sel["step"]) if sel and sel.get("step") is not None else None
+        meta = {**heatmap_meta(res.data), "ts": time.time()}
+        return build_heatmap(res.data, _diag_culprits(diag), selected), meta
+
+    @app.callback(
+        Output("heatmap", "figure", allow_duplicate=True),
+        Input("diag", "data"),
+        Input("hm-meta", "data"),
+        prevent_initial_call=True,
+    )
+    def mark_heatmap(diag, meta):
+        if not meta or not meta.get("row_labels"):
+            return no_update
+        patch = Patch()
+        patch["data"][1] = culprit_trace(meta, _diag_culprits(diag)).to_plotly_json()
+        return patch
+
+    @app.callback(
+        Output("grid", "figure"),
+        Output("grid-meta", "data"),
+        Output("grid-ranks", "data"),
+        Input("tick", "data"),
+        Input("job-id", "data"),
+        State("diag", "data"),
+    )
+    def grid(_n, job, diag):
+        res = client.grid(job)
+        if not res.ok:
+            return _fig_error(res, "the topology grid", 460), {}, None
+        fig = build_grid(res.data, _diag_culprits(diag))
+        meta = dict(fig.layout.meta or {})
+        meta["ts"] = time.time()
+        return fig, meta, {"topology": res.data["topology"], "ranks": res.data.get("ranks", [])}
+
+    @app.callback(
+        Output("grid", "figure", allow_duplicate=True),
+        Input("diag", "data"),
+        Input("grid-meta", "data"),
+        prevent_initial_call=True,
+    )
+    def mark_grid(diag, meta):
+        if not meta or "overlay_start" not in meta:
+            return no_update
+        patch = Patch()
+        for i, trace in enumerate(grid_culprit_traces(meta, _diag_culprits(diag))):
+            patch["data"][meta["overlay_start"] + i] = trace.to_plotly_json()
+        return patch
+
+    @app.callback(Output("hang-panel", "children"), Input("diag", "data"), Input("grid-ranks", "data"))
+    def hang(diag, grid_ranks):
+        if diag and diag.get("hang_error"):
+            return html.Div(message(f"hang analysis: {diag['hang_error']}",
+                                    "unavailable" if diag["hang_error"] == "not available" else "error"),
+                            className="fs-card")
+        return hang_panel((diag or {}).get("hang"), grid_ranks)
+
+    @app.callback(
+        Output("sel", "data"),
+        Input("heatmap", "clickData"),
+        Input("grid", "clickData"),
+        State("sel", "data"),
+        prevent_initial_call=True,
+    )
+    def select(hm_click, grid_click, sel):
+        click = hm_click if ctx.triggered_id == "heatmap" else grid_click
+        if not click or not click.get("points"):
+            return no_update
+        p = click["points"][0]
+        rank = p.get("customdata")
+        if isinstance(rank, list):
+            rank = rank[0] if rank else None
+        if rank is None:
+            return no_update
+        step = p.get("x") if ctx.triggered_id == "heatmap" else None
+        return {"rank": int(rank), "step": int(step) if step is not None else (sel or {}).get("step")}
+
+    @app.callback(
+        Output("timeline", "figure"),
+        Input("sel", "data"),
+        Input("ranks", "value"),
+        Input("from-step", "value"),
+        Input("to-step", "value"),
+        Input("tick", "data"),
+        State("job-id", "data"),
+    )
+    def timeline(sel, ranks, from_step, to_step, n, job):
+        if ctx.triggered_id == "tick" and (sel or {}).get("step") is not None:
+            return no_update  # a pinned step does not change with time
+        res = client.timeline(job, **timeline_params(sel, ranks, from_step, to_step))
+        return build_timeline(res.data) if res.ok else _fig_error(res, "the timeline", 320)
+
+    @app.callback(
+        Output("trace-download", "data"),
+        Output("export-status", "children"),
+        Input("export-btn", "n_clicks"),
+        State("sel", "data"),
+        State("ranks", "value"),
+        State("from-step", "value"),
+        State("to-step", "value"),
+        State("job-id", "data"),
+        prevent_initial_call=True,
+    )
+    def export_trace(_clicks, sel, ranks, from_step, to_step, job):
+        params = timeline_params(sel, ranks, from_step, to_step)
+        res = client.trace(job, **params)
+        if not res.ok:
+            return no_update, message(f"trace export: {res.error}", "error")
+        name = f"fleetscope-{job}-trace.json".replace("/", "_")
+        return dcc.send_bytes(res.data, name), f"exported {len(res.data) / 1024:.0f} KiB as {name}"
+
+    @app.callback(
+        Output("rank-panel", "children"),
+        Output("hardware", "figure"),
+        Input("sel", "data"),
+        Input("from-step", "value"),
+        Input("to-step", "value"),
+        State("job-id", "data"),
+        State("grid-ranks", "data"),
+    )
+    def rank_detail(sel, from_step, to_step, job, grid_ranks):
+        if not sel or sel.get("rank") is None:
+            return message("click a heat-map or grid cell to select a rank"), message_figure(
+                "select a rank for its GPU / NIC metrics", height=300)
+        rank = int(sel["rank"])
+        if sel.get("step") is not None:
+            from_step, to_step = max(0, sel["step"] - 10), sel["step"] + 10
+        res = client.hardware(job, rank=rank, from_step=from_step, to_step=to_step)
+        state = next((d for d in (grid_ranks or {}).get("ranks", []) if d.get("rank") == rank), None)
+        info = html.Div(
+            [
+                html.Div(f"rank {rank}", id="selected-rank", style={"fontSize": "20px", "fontWeight": 700}),
+                html.Div(f"step {sel['step']}" if sel.get("step") is not None else "no step selected"),
+                html.Div(f"host {res.data.get('host') or 'unknown'}" if res.ok else ""),
+                html.Div(["state ", state_badge(state["state"] if state else "ok")]),
+                html.Div(f"score {state['score']:.2f}" if state and state.get("score") else ""),
+            ]
+        )
+        fig = build_hardware(res.data) if res.ok else _fig_error(res, "hardware metrics", 300)
+        return info, fig
