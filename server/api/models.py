@@ -27,11 +27,8 @@ def record_model(rt: RecordType) -> type[BaseModel]:
 
 RECORD_MODELS: dict[str, type[BaseModel]] = {name: record_model(rt) for name, rt in RECORD_TYPES.items()}
 
-JsonRecords = create_model(
-    "JsonRecords",
-    __config__=ConfigDict(extra="forbid"),
-    **{name: (list[m] | None, None) for name, m in RECORD_MODELS.items()},  # type: ignore[valid-type]
-)
+_record_lists: dict[str, Any] = {name: (list[m] | None, None) for name, m in RECORD_MODELS.items()}  # type: ignore[valid-type]
+JsonRecords = create_model("JsonRecords", __config__=ConfigDict(extra="forbid"), **_record_lists)
 
 
 class JsonBatch(BaseModel):
