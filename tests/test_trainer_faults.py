@@ -1,0 +1,178 @@
+"""Fault injection: spec parsing, and each fault's effect on a real multi-process job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fleetscope import cli
+from fleetscope.spool import rank_dir, read_rank_info
+from fleetscope.trainer.faults import parse_fault
+from fleetscope.trainer_hooks.reader import read_job
+
+
+def train_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fleetscope.cli", "train", *args]
+
+
+def assert_ranks_gone(spool_dir, job, world):
+    for r in range(world):
+        pid = read_rank_info(rank_dir(spool_dir, job, r)).get("pid")
+        if pid:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+
+
+# ---------------------------------------------------------------------------- parsing
+@pytest.mark.parametrize("spec,kind,values", [
+    ("straggler:rank=5:factor=1.3:from_step=10", "straggler",
+     {"rank": 5, "factor": 1.3, "from_step": 10, "section": "compute"}),
+    ("straggler:rank=1:factor=2:section=dataloader", "straggler", {"section": "dataloader"}),
+    ("hang:rank=3:step=20:where=collective", "hang", {"step": 20, "where": "collective"}),
+    ("crash:rank=2:step=15", "crash", {"rank": 2, "step": 15}),
+    ("slowlink:group=tp:rank=1:delay_ms=5", "slowlink", {"group": "tp", "delay_ms": 5.0}),
+    ("gc:rank=0:every=3:pause_ms=200", "gc", {"every": 3, "pause_ms": 200.0}),
+])
+def test_specs_parse(spec, kind, values):
+    f = parse_fault(spec, world_size=8)
+    assert f.kind == kind
+    for k, v in values.items():
+        assert f.get(k) == v
+
+
+@pytest.mark.parametrize("spec,named", [
+    ("slow:rank=1", "'slow'"),
+    ("straggler:rank=x:factor=2", "'x'"),
+    ("straggler:rank=1", "factor"),
+    ("straggler:rank=1:factor=0.5", "factor=0.5"),
+    ("hang:rank=1:step=2:where=gpu", "'gpu'"),
+    ("crash:rank=9:step=1", "rank=9"),
+    ("slowlink:group=ep:rank=1:delay_ms=3", "'ep'"),
+    ("gc:rank=1:every=0:pause_ms=3", "every=0"),
+    ("gc:rank=1:often=2", "'often=2'"),
+])
+def test_bad_specs_name_the_bad_value(spec, named):
+    with pytest.raises(ValueError) as e:
+        parse_fault(spec, world_size=8)
+    assert named in str(e.value)
+
+
+def test_cli_rejects_bad_values_before_launching(capsys):
+    assert cli.main(["train", "--dp", "2", "--inject", "crash:rank=7:step=1"]) == 2
+    assert "rank=7" in capsys.readouterr().err
+    assert cli.main(["train", "--tp", "3", "--heads", "4"]) == 2
+    assert "num_heads=4" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- effects
+@pytest.fixture(scope="module")
+def slow_job(tmp_path_factory):
+    """One 8-rank run with a straggler, a GC-pausing rank and a slow TP link."""
+    spool_dir = tmp_path_factory.mktemp("spool")
+    proc = subprocess.run(train_cmd(
+        "--dp", "2", "--tp", "2", "--pp", "2", "--steps", "5", "--job", "slow",
+        "--spool", str(spool_dir), "--timeout-s", "170",
+        "--inject", "straggler:rank=5:factor=3:from_step=1",
+        "--inject", "gc:rank=2:every=2:pause_ms=150",
+        "--inject", "slowlink:group=tp:rank=1:delay_ms=30"),
+        capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stderr
+    return read_job(spool_dir, "slow")
+
+
+def _median(rows, **match):
+    vals = [r["duration_ns"] for r in rows if all(r[k] == v for k, v in match.items())]
+    assert vals, match
+    return statistics.median(vals)
+
+
+def test_straggler_sections_take_about_factor_times_longer(slow_job):
+    sec = [s for s in slow_job["sections"] if s["step"] >= 1]
+    straggler = _median(sec, rank=5, name="forward")
+    # same stage, other replica (not waiting on rank 5 inside its own TP group)
+    peers = statistics.median([_median(sec, rank=r, name="forward") for r in (6, 7)])
+    assert straggler / peers > 1.8
+    assert _median(sec, rank=5, name="backward") / _median(sec, rank=6, name="backward") > 1.8
+
+
+def test_gc_pauses_hit_the_chosen_rank_every_n_steps(slow_job):
+    fwd = [s for s in slow_job["sections"] if s["rank"] == 2 and s["name"] == "forward"]
+    for step in (2, 4):
+        assert max(s["duration_ns"] for s in fwd if s["step"] == step) >= 150e6
+
+
+def test_slowlink_delays_that_groups_collectives(slow_job):
+    coll = [c for c in slow_job["collectives"] if c["axis"] == "tp"]
+    slow = _median(coll, group_id="tp.pp0.dp0")
+    other = _median(coll, group_id="tp.pp0.dp1")
+    assert slow >= 25e6 and other < slow / 3
+
+
+def test_hang_in_collective_stops_steps_but_inflight_keeps_coming(tmp_path):
+    spool_dir = tmp_path / "spool"
+    proc = subprocess.Popen(train_cmd(
+        "--dp", "2", "--tp", "2", "--pp", "2", "--steps", "50", "--job", "hang",
+        "--spool", str(spool_dir), "--timeout-s", "170",
+        "--inject", "hang:rank=3:step=2:where=collective"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 150
+        stuck = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(1.0)
+            rows = read_job(spool_dir, "hang") if spool_dir.exists() else {}
+            stuck = [r for r in rows.get("inflight", ()) if r["rank"] == 3
+                     and r["kind"] == "collective" and r["step"] >= 2]
+            if stuck and stuck[-1]["ts_ns"] - stuck[0]["ts_ns"] >= 2.5e9:
+                break
+        assert proc.poll() is None, proc.communicate()[1]
+        proc.send_signal(signal.SIGTERM)  # stopping the launcher stops its ranks
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert len(stuck) >= 4
+    assert len({(r["op"], r["group_id"], r["seq"], r["since_ns"]) for r in stuck}) == 1
+    assert stuck[0]["axis"] in ("tp", "dp")
+    rows = read_job(spool_dir, "hang")
+    assert max(s["step"] for s in rows["steps"]) <= 2
+    assert_ranks_gone(spool_dir, "hang", 8)
+
+
+def test_hang_in_p2p_is_ended_by_the_job_timeout(tmp_path):
+    spool_dir = tmp_path / "spool"
+    t0 = time.monotonic()
+    proc = subprocess.run(train_cmd(
+        "--pp", "2", "--steps", "500", "--job", "hangp2p", "--spool", str(spool_dir),
+        "--timeout-s", "25", "--inject", "hang:rank=1:step=1:where=p2p"),
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 124, proc.stderr
+    assert "timeout" in proc.stderr and time.monotonic() - t0 < 100
+    rows = read_job(spool_dir, "hangp2p")
+    stuck = [r for r in rows["inflight"] if r["rank"] == 1 and r["kind"] == "p2p"]
+    assert len(stuck) >= 2 and stuck[-1]["peer"] == 0 and stuck[-1]["axis"] == "pp"
+    assert max(s["step"] for s in rows["steps"]) <= 1
+    assert_ranks_gone(spool_dir, "hangp2p", 2)
+
+
+def test_crash_exits_nonzero_and_stops_the_others(tmp_path):
+    spool_dir = tmp_path / "spool"
+    proc = subprocess.run(train_cmd(
+        "--dp", "2", "--pp", "2", "--steps", "30", "--job", "crash", "--spool", str(spool_dir),
+        "--timeout-s", "150", "--failure-grace-s", "1", "--inject", "crash:rank=2:step=2"),
+        capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 1, proc.stderr
+    assert "rank 2 exited with code 1" in proc.stderr
+    rows = read_job(spool_dir, "crash")
+    # a hard crash loses what was not flushed yet, but nothing past the crash exists
+    assert all(s["step"] <= 1 for s in rows["steps"] if s["rank"] == 2)
+    assert max(s["step"] for s in rows["steps"]) >= 1
+    assert "finished" not in {j["status"] for j in rows.get("jobs", ())}
+    assert_ranks_gone(spool_dir, "crash", 4)
