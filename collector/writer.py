@@ -89,7 +89,9 @@ class IngestWriter:
         db: SQLAlchemy sessionmaker for the control plane (``jobs`` upserts).
         max_queue_rows: rows waiting beyond which :meth:`submit` raises Backpressure.
         max_insert_rows: most rows coalesced into one insert per table.
-        linger_s: wait this long for more batches before writing a group.
+        linger_s: longest wait for more batches before writing a group that is
+            still smaller than ``min_insert_rows`` (bigger inserts, fewer parts).
+        min_insert_rows: a group this large is written without waiting.
         retry_after_s: advised client back-off on backpressure.
         insert_threads: record tables of one group inserted in parallel (each thread
             has its own store client; chdb runs inserts without holding the GIL).
@@ -101,7 +103,8 @@ class IngestWriter:
         db: Any,
         max_queue_rows: int = 8_000_000,
         max_insert_rows: int = 2_000_000,
-        linger_s: float = 0.002,
+        linger_s: float = 0.05,
+        min_insert_rows: int = 200_000,
         retry_after_s: int = 1,
         insert_threads: int = 1,
     ) -> None:
@@ -110,6 +113,7 @@ class IngestWriter:
         self.max_queue_rows = max_queue_rows
         self.max_insert_rows = max_insert_rows
         self.linger_s = linger_s
+        self.min_insert_rows = min_insert_rows
         self.retry_after_s = retry_after_s
         self.clock_offsets: dict[str, dict[str, int]] = {}
         """host -> {"offset_ns", "updated_ns"}: the last clock offset each host sent."""
@@ -180,8 +184,7 @@ class IngestWriter:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            if self.linger_s and not self._closing:
-                await asyncio.sleep(self.linger_s)
+            await self._linger()
             group = self._take_group()
             try:
                 results = await loop.run_in_executor(self._executor, self._write_group, group)
@@ -197,6 +200,20 @@ class IngestWriter:
                         p.future.set_result(r)
             finally:
                 self._queued_rows -= sum(p.num_rows for p in group)
+
+    async def _linger(self) -> None:
+        """Wait up to ``linger_s`` while the queue holds fewer than ``min_insert_rows``."""
+        assert self._wakeup is not None
+        deadline = time.monotonic() + self.linger_s
+        while not self._closing and self._queued_rows < self.min_insert_rows:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), left)
+            except asyncio.TimeoutError:
+                return
 
     def _take_group(self) -> list[_Pending]:
         group = [self._queue.popleft()]

@@ -103,6 +103,7 @@ async def _startup(app: FastAPI, settings: Settings) -> None:
         max_queue_rows=settings.max_queue_rows,
         max_insert_rows=settings.max_insert_rows,
         linger_s=settings.coalesce_linger_ms / 1000,
+        min_insert_rows=settings.min_insert_rows,
         retry_after_s=settings.retry_after_s,
         insert_threads=settings.insert_threads,
     )
