@@ -10,11 +10,11 @@ import sys
 import time
 
 import pytest
+from fleetscope.trainer.faults import parse_fault
+from fleetscope.trainer_hooks.reader import read_job
 
 from fleetscope import cli
 from fleetscope.spool import rank_dir, read_rank_info
-from fleetscope.trainer.faults import parse_fault
-from fleetscope.trainer_hooks.reader import read_job
 
 
 def train_cmd(*args: str) -> list[str]:
@@ -174,5 +174,7 @@ def test_crash_exits_nonzero_and_stops_the_others(tmp_path):
     # a hard crash loses what was not flushed yet, but nothing past the crash exists
     assert all(s["step"] <= 1 for s in rows["steps"] if s["rank"] == 2)
     assert max(s["step"] for s in rows["steps"]) >= 1
+    assert {s["rank"] for s in rows["steps"]} >= {0, 1}  # survivors flushed on SIGTERM
+    assert all(s["step"] <= 1 for s in rows["steps"])  # step 2 never completed anywhere
     assert "finished" not in {j["status"] for j in rows.get("jobs", ())}
     assert_ranks_gone(spool_dir, "crash", 4)

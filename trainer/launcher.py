@@ -64,10 +64,46 @@ def _die_with_parent() -> None:
         pass
 
 
+def _flush_on_sigterm() -> None:
+    """On SIGTERM, flush the hooks and exit, even while the main thread is blocked in C.
+
+    The C-level signal handler writes to the wakeup fd at once; a helper thread reads
+    it, so a rank stuck in a collective still leaves its last records on disk.
+    """
+    import threading
+
+    from fleetscope import trainer_hooks as hooks
+
+    r, w = socket.socketpair()
+    w.setblocking(False)
+    signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
+
+    def watch() -> None:
+        while True:
+            sig = r.recv(1)
+            if sig and sig[0] in (signal.SIGTERM, signal.SIGINT):
+                hooks.shutdown(timeout_s=2.0)
+                sys.stdout.flush()
+                os._exit(128 + sig[0])
+
+    threading.Thread(target=watch, name="fleetscope-sigterm", daemon=True).start()
+    os.register_at_fork(after_in_child=_default_signals)  # e.g. DataLoader workers
+
+
+def _default_signals() -> None:
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    except ValueError:  # not the main thread of the child
+        pass
+
+
 def _rank_main(cfg: TrainConfig, rank: int, world_size: int, port: int) -> None:
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _flush_on_sigterm()
     path = log_path(cfg, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

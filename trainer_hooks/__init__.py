@@ -184,10 +184,13 @@ class _StepScope:
     def __enter__(self) -> _StepScope:
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, exc_type: Any, *exc: Any) -> bool:
         rec = state.recorder
         if rec is not None:
-            rec.end_step(perf_ns())
+            if exc_type is None:
+                rec.end_step(perf_ns())
+            else:  # the step did not complete: no ``steps`` record claims it did
+                rec.step_open = None
         return False
 
 
