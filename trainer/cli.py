@@ -82,6 +82,8 @@ def register(subparsers: Any) -> None:
                         "are recorded with the job and any failure stops the job")
     o.add_argument("--timeout-s", type=float, default=None,
                    help="stop the whole job after this many seconds (exit 124)")
+    o.add_argument("--results", default=None, metavar="DIR",
+                   help="write per-rank JSON (losses, step times, hook counters) to DIR")
     o.add_argument("--failure-grace-s", type=float, default=3.0,
                    help="after a rank fails, seconds before the others are stopped (default 3)")
     p.set_defaults(func=run)
@@ -112,6 +114,7 @@ def build_config(args: argparse.Namespace) -> Any:
             job=args.job or time.strftime("train-%Y%m%d-%H%M%S"),
             spool=args.spool or DEFAULT_SPOOL_DIR, hooks=not args.no_hooks,
             injections=tuple(args.inject), command=shlex.join(sys.argv),
+            results_dir=args.results or "",
             preflight=args.preflight,
         )
         cfg.check()

@@ -82,6 +82,8 @@ class TrainConfig:
     """Rank order of the axes, fastest first (fleetscope.topology)."""
     command: str = ""
     """Command line, recorded in the job metadata."""
+    results_dir: str = ""
+    """If set, each rank writes ``rank-XXXXX.json`` (losses, step times, hook counters) here."""
     preflight: bool = False
     """Run the quick self-check (fleetscope.kernels.preflight) on every rank before step 0."""
 

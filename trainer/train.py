@@ -98,6 +98,8 @@ def run_rank(cfg: TrainConfig, rank: int, world_size: int, local_rank: int | Non
         if rec is not None:
             result.hook_stats = rec.stats()
         faults.uninstall_comm()
+        if cfg.results_dir:
+            _write_results(cfg.results_dir, result, status)
         if status == "finished":
             dist.destroy_process_group()
 
@@ -169,6 +171,15 @@ def _step(cfg: TrainConfig, step: int, model: GPTStage, params: list, opt: Any,
         opt.step()
         opt.zero_grad(set_to_none=True)
     return float(torch.stack(losses).mean()) if losses else float("nan")
+
+
+def _write_results(directory: str, result: RankResult, status: str) -> None:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"rank-{result.rank:05d}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"rank": result.rank, "status": status, "losses": result.losses,
+                   "step_times_s": result.step_times_s, "hook_stats": result.hook_stats}, f)
+    os.replace(path + ".tmp", path)
 
 
 def _emit_job(cfg: TrainConfig, device: torch.device, status: str) -> None:
