@@ -250,8 +250,10 @@ def test_heartbeat_loss_and_dead_process():
 def test_hardware_errors_joined_to_ranks():
     logs = pd.DataFrame([{"ts_ns": NOW, "host": "h1", "rank": -1, "kind": "xid", "message": "NVRM: Xid 79"}])
     metrics = pd.DataFrame([
-        {"ts_ns": NOW - 10, "host": "h0", "rank": 2, "device": "gpu2", "name": "gpu.ecc_errors_total", "value": 0.0},
-        {"ts_ns": NOW, "host": "h0", "rank": 2, "device": "gpu2", "name": "gpu.ecc_errors_total", "value": 3.0},
+        {"ts_ns": NOW - 10, "host": "h0", "rank": 2, "device": "gpu2", "name": "gpu.ecc_uncorrected_volatile", "value": 0.0},
+        {"ts_ns": NOW, "host": "h0", "rank": 2, "device": "gpu2", "name": "gpu.ecc_uncorrected_volatile", "value": 3.0},
+        {"ts_ns": NOW, "host": "h0", "rank": -1, "device": "eth0", "name": "nic.carrier", "value": 1.0},
+        {"ts_ns": NOW, "host": "h0", "rank": 3, "device": "gpu3", "name": "gpu.throttle_reasons", "value": 1.0},
         {"ts_ns": NOW, "host": "h0", "rank": 1, "device": "gpu1", "name": "gpu.temperature_c", "value": 90.0}])
     fs = detect_hardware_errors("j", logs, metrics, {r: f"h{r // 4}" for r in range(8)})
     by_host = {f.hosts[0]: f for f in fs}

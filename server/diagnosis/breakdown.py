@@ -45,8 +45,30 @@ def top_level_sections(sections: pd.DataFrame) -> pd.DataFrame:
     return s[~nested.to_numpy()]
 
 
+def exclusive_comm_ns(comm: pd.DataFrame) -> np.ndarray:
+    """Per op, the part of its [enqueued, completed] interval not covered by earlier ops of
+    the same rank: summed, it is the union of the rank's communication time, so paired
+    or overlapping async ops (isend + irecv) are not counted twice."""
+    out = np.zeros(len(comm), dtype=np.int64)
+    if comm.empty:
+        return out
+    order = np.lexsort((comm["enqueued_ns"].to_numpy(), comm["rank"].to_numpy()))
+    rank = comm["rank"].to_numpy()[order]
+    start = comm["enqueued_ns"].to_numpy()[order].astype(np.int64)
+    end = np.maximum(start + comm["comm_ns"].to_numpy()[order].astype(np.int64), start)
+    excl = np.zeros(len(order), dtype=np.int64)
+    prev_rank, covered = None, np.iinfo(np.int64).min
+    for i in range(len(order)):
+        if rank[i] != prev_rank:
+            prev_rank, covered = rank[i], np.iinfo(np.int64).min
+        excl[i] = max(0, end[i] - max(start[i], covered))
+        covered = max(covered, end[i])
+    out[order] = excl
+    return out
+
+
 def nested_comm_ns(sections: pd.DataFrame, comm: pd.DataFrame) -> np.ndarray:
-    """Communication time (completed - enqueued) of ops that start inside each section."""
+    """Communication time (union of op intervals) of ops that start inside each section."""
     out = np.zeros(len(sections), dtype=np.int64)
     if sections.empty or comm.empty:
         return out
@@ -58,7 +80,7 @@ def nested_comm_ns(sections: pd.DataFrame, comm: pd.DataFrame) -> np.ndarray:
             continue
         c = c.sort_values("enqueued_ns")
         enq = c["enqueued_ns"].to_numpy()
-        cs = np.concatenate([[0], np.cumsum(c["comm_ns"].to_numpy())])
+        cs = np.concatenate([[0], np.cumsum(c["excl_ns"].to_numpy())])
         lo = np.searchsorted(enq, sec["start_ns"].to_numpy(), side="left")
         hi = np.searchsorted(enq, sec["end_ns"].to_numpy(), side="left")
         out[pos[sec.index].to_numpy()] = cs[hi] - cs[lo]
@@ -81,7 +103,7 @@ def collective_arrivals(collectives: pd.DataFrame) -> pd.DataFrame:
     if collectives.empty:
         return pd.DataFrame(columns=cols + ["comm_ns", "last_arrival_ns", "wait_ns",
                                             "lateness_ns", "is_last", "transfer_ns",
-                                            "waited_on_rank"])
+                                            "waited_on_rank", "excl_ns"])
     c = collectives
     if "state" in c.columns:
         c = c[c["state"] == "completed"]
@@ -90,7 +112,9 @@ def collective_arrivals(collectives: pd.DataFrame) -> pd.DataFrame:
     is_p2p = c["op"].isin(P2P_OPS)
     coll = _collective_part(c[~is_p2p])
     p2p = _p2p_part(c[is_p2p])
-    return pd.concat([x for x in (coll, p2p) if not x.empty] or [coll], ignore_index=True)
+    out = pd.concat([x for x in (coll, p2p) if not x.empty] or [coll], ignore_index=True)
+    out["excl_ns"] = exclusive_comm_ns(out)
+    return out
 
 
 def _collective_part(c: pd.DataFrame) -> pd.DataFrame:
@@ -158,7 +182,7 @@ def rank_step_breakdown(
     out = st.set_index(["rank", "step"])
     if not arr.empty:
         agg = arr.groupby(["rank", "step"]).agg(
-            comm_ns=("comm_ns", "sum"), wait_ns=("wait_ns", "sum"),
+            comm_ns=("excl_ns", "sum"), wait_ns=("wait_ns", "sum"),
             num_collectives=("comm_ns", "size"))
         out = out.join(agg)
         # time peers spent waiting for this rank, credited to the rank waited on

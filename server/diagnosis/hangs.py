@@ -42,7 +42,7 @@ class HangConfig:
     """An in-flight record older than this no longer describes the rank."""
     heartbeat_stale_s: float = 15.0
     """A heartbeat older than this means the host/agent is gone."""
-    dead_rank_min_s: float = 3.0
+    dead_rank_min_s: float = 5.0
     """Stall threshold once a rank's process is known dead (no step can complete)."""
 
 

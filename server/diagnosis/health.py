@@ -13,12 +13,23 @@ import pandas as pd
 
 from .findings import Finding, FindingKind, Severity
 
-HW_LOG_KINDS = frozenset({"xid", "ecc", "cuda_error", "nccl_timeout", "nic_flap", "link_down"})
-HW_METRIC_PATTERNS = ("xid", "ecc", "throttle", "carrier", "flap", "link_down")
+HW_LOG_KINDS = frozenset({"xid", "ecc", "cuda_error"})
+RISING_IS_BAD = (
+    "nic.carrier_changes", "gpu.ecc_uncorrected_volatile", "gpu.ecc_uncorrected_aggregate",
+    "gpu.retired_pages_dbe", "gpu.retired_pages_sbe", "gpu.remapped_rows_uncorrectable",
+    "rdma.link_downed", "rdma.symbol_error",
+)
+"""Counters whose increase within the window is a hardware event."""
+NONZERO_IS_BAD = ("gpu.remapped_rows_pending",)
+DROP_TO_ZERO_IS_BAD = ("nic.up", "nic.carrier")
+"""Link state gauges: a fall from 1 to 0 within the window is a link going down."""
+THROTTLE_BAD_MASK = 0x8 | 0x40 | 0x80 | 0x100
+"""NVML clock-event reasons that mean slowdown: HW slowdown, SW/HW thermal, power brake."""
+HW_METRIC_PATTERNS = ("xid", "ecc", "throttle", "carrier", "flap", "link_down", "retired", "remapped", "nic.up")
 
 
 def detect_heartbeat_loss(
-    job: str, heartbeats: pd.DataFrame, now_ns: int, stale_s: float = 15.0
+    job: str, heartbeats: pd.DataFrame, now_ns: int, stale_s: float = 15.0, min_dead_s: float = 5.0
 ) -> list[Finding]:
     """One finding per host whose agent went silent or whose rank processes died."""
     if heartbeats.empty:
@@ -39,6 +50,8 @@ def detect_heartbeat_loss(
             ))
             continue
         dead = latest[(latest["rank"] >= 0) & (latest["alive"].astype(int) == 0)]
+        if "dead_since_ns" in dead.columns:  # a finished job's final records may still be in flight
+            dead = dead[now_ns - dead["dead_since_ns"] >= min_dead_s * 1e9]
         if not dead.empty:
             dr = sorted(int(r) for r in dead["rank"])
             out.append(Finding(
@@ -51,18 +64,19 @@ def detect_heartbeat_loss(
 
 
 def _hw_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Rows (host, rank, device, name, first, last) of hardware metrics that signal trouble."""
     if metrics.empty:
         return metrics
-    m = metrics[metrics["name"].str.lower().str.contains("|".join(HW_METRIC_PATTERNS))]
-    if m.empty:
-        return m
-    # counters: increase over the window; gauges (throttle reasons): any non-zero value
-    g = m.sort_values("ts_ns").groupby(["host", "rank", "device", "name"])["value"]
-    agg = pd.DataFrame({"first": g.first(), "last": g.last(), "max": g.max(), "ts_ns": m.groupby(
-        ["host", "rank", "device", "name"])["ts_ns"].max()}).reset_index()
-    is_counter = agg["name"].str.contains("count|errors|total|changes|flaps")
-    agg["bad"] = (is_counter & (agg["last"] > agg["first"])) | (~is_counter & (agg["max"] > 0))
-    return agg[agg["bad"]]
+    m = metrics.sort_values("ts_ns")
+    g = m.groupby(["host", "rank", "device", "name"])["value"]
+    agg = pd.DataFrame({"first": g.first(), "last": g.last(), "min": g.min(), "max": g.max()}).reset_index()
+    name = agg["name"]
+    rising = name.isin(RISING_IS_BAD) & (agg["last"] > agg["first"])
+    nonzero = name.isin(NONZERO_IS_BAD) & (agg["max"] > 0)
+    dropped = name.isin(DROP_TO_ZERO_IS_BAD) & (agg["max"] > 0) & (agg["min"] <= 0)
+    throttle = (name == "gpu.throttle_reasons") & (
+        agg["max"].fillna(0).astype("int64") & THROTTLE_BAD_MASK).astype(bool)
+    return agg[rising | nonzero | dropped | throttle]
 
 
 def hardware_evidence(

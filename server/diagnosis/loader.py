@@ -96,7 +96,7 @@ ORDER BY ts_ns DESC LIMIT 500
 HW_METRICS = """
 SELECT ts_ns, host, rank, device, name, value FROM metrics
 WHERE ts_ns >= {since_ns:Int64} AND has({hosts:Array(String)}, host)
-  AND multiSearchAny(lower(name), ['xid', 'ecc', 'throttle', 'carrier', 'flap', 'link_down'])
+  AND multiSearchAny(lower(name), ['xid', 'ecc', 'throttle', 'carrier', 'flap', 'link_down', 'retired', 'remapped', 'nic.up'])
 ORDER BY ts_ns DESC LIMIT 5000
 """
 

@@ -178,7 +178,7 @@ def profile_from_frames(
     nsteps = max(breakdown["step"].nunique(), 1) if not breakdown.empty else 1
     if not sections.empty:
         sec = top_level_sections(sections)
-        comm = arrivals[["rank", "enqueued_ns", "comm_ns"]] if not arrivals.empty else arrivals
+        comm = arrivals[["rank", "enqueued_ns", "excl_ns"]] if not arrivals.empty else arrivals
         from .breakdown import nested_comm_ns
 
         sec = sec.assign(net_ns=np.maximum(sec["duration_ns"].to_numpy() - nested_comm_ns(sec, comm), 0))

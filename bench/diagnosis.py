@@ -1,0 +1,306 @@
+"""Diagnosis scenario suite: the real reference trainer through the real server.
+
+For each scenario it runs ``fleetscope train`` (8 ranks, dp=2 tp=2 pp=2, gloo on CPU)
+with an injected fault, a real host agent shipping the spool to a real server
+(default settings: hang_min_s=30, hang_k=5, 2 s diagnosis tick) and a real webhook
+receiver on loopback. Per scenario it prints the detected kinds, culprit ranks vs the
+injected ones, and the time from fault onset (read from the rank's own step records in
+the spool) to the first matching incident and to the webhook delivery. At the end:
+straggler precision/recall, culprit accuracy on hang/crash scenarios, findings on the
+clean run, and hang -> webhook latency against the 30 s target.
+
+    .venv/bin/python bench/diagnosis.py                 # the whole suite (~15 min on 2 CPUs)
+    .venv/bin/python bench/diagnosis.py --only clean,hang-compute
+
+Exit status 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+
+from fleetscope import codec, spool
+
+PY = sys.executable
+STRAGGLER = {"slow_compute", "slow_dataloader", "late_arrival", "slow_link", "gc_pause"}
+HANGS = {"hang"}
+COMMON = ["--dp", "2", "--tp", "2", "--pp", "2", "--hidden", "128", "--seq-len", "64",
+          "--global-batch", "16", "--microbatches", "4", "--load-cost-ms", "5"]
+
+
+@dataclass
+class Scenario:
+    name: str
+    inject: list[str]
+    expect_kinds: set[str]
+    culprits: set[int]
+    onset_step: int
+    steps: int = 36
+    timeout_s: float = 150.0
+    group_axis: str = ""
+    """slow link: findings name the group of this axis that holds the injected rank."""
+
+
+SCENARIOS = [
+    Scenario("clean", [], set(), set(), 0),
+    Scenario("compute-stage0", ["straggler:rank=1:factor=1.5:from_step=8"], {"slow_compute"}, {1}, 8),
+    Scenario("compute-stage1", ["straggler:rank=6:factor=1.5:from_step=8"], {"slow_compute"}, {6}, 8),
+    Scenario("compute-stage1-1.2x", ["straggler:rank=5:factor=1.2:from_step=8"], {"slow_compute"}, {5}, 8),
+    Scenario("dataloader", ["straggler:rank=2:factor=6:from_step=8:section=dataloader"],
+             {"slow_dataloader"}, {2}, 8),
+    Scenario("slow-tp-link", ["slowlink:group=tp:rank=3:delay_ms=15"], {"slow_link"}, {3}, 1, group_axis="tp"),
+    Scenario("slow-dp-link", ["slowlink:group=dp:rank=4:delay_ms=150"], {"slow_link"}, {4}, 1, group_axis="dp"),
+    Scenario("gc-pauses", ["gc:rank=7:every=3:pause_ms=400"], {"gc_pause"}, {7}, 3),
+    Scenario("two-stragglers", ["straggler:rank=0:factor=1.5:from_step=8",
+                                "straggler:rank=6:factor=1.5:from_step=8"], {"slow_compute"}, {0, 6}, 8),
+    Scenario("hang-compute", ["hang:rank=5:step=10:where=compute"], HANGS, {5}, 10, steps=60, timeout_s=75),
+    Scenario("hang-tp-collective", ["hang:rank=2:step=10:where=collective"], HANGS, {2}, 10, steps=60,
+             timeout_s=75),
+    Scenario("hang-pp-p2p", ["hang:rank=1:step=10:where=p2p"], HANGS, {1}, 10, steps=60, timeout_s=75),
+    Scenario("crash", ["crash:rank=3:step=10"], HANGS, {3}, 10, steps=60, timeout_s=60),
+]
+
+
+class Receiver:
+    """Webhook receiver on loopback; records (arrival time, payload)."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[float, dict]] = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.got.append((time.time(), json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/alerts"
+
+    def first_for(self, job: str, alertnames: set[str]) -> float | None:
+        for t, p in self.got:
+            for a in p["alerts"]:
+                if a["labels"].get("job") == job and a["labels"]["alertname"] in alertnames and a["status"] == "firing":
+                    return t
+        return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(work: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSCOPE_")}
+    env["FLEETSCOPE_UI"] = "false"
+    proc = subprocess.Popen(
+        [PY, "-m", "fleetscope.cli", "server", "--store", f"chdb://{work / 'store'}",
+         "--db", f"sqlite:///{work / 'control.db'}", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=open(work / "server.log", "ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("server did not start; see " + str(work / "server.log"))
+
+
+def onset_ns(spool_dir: Path, job: str, rank: int, step: int) -> int | None:
+    """End of step ``step - 1`` on ``rank`` (= start of ``step``) from its spool records."""
+    best = None
+    d = spool.rank_dir(spool_dir, job, rank)
+    for seg in spool.list_segments(d):
+        for fr in spool.read_frames(seg):
+            if fr.corrupt:
+                continue
+            t = codec.ipc_to_table(fr.payload)
+            if t.schema.metadata.get(b"fleetscope.record") != b"steps":
+                continue
+            for s, start, end in zip(t["step"].to_pylist(), t["start_ns"].to_pylist(), t["end_ns"].to_pylist()):
+                if s == step - 1:
+                    best = end
+                elif s == step and best is None:
+                    best = start
+    return best
+
+
+@dataclass
+class Result:
+    name: str
+    kinds: list[str] = field(default_factory=list)
+    culprits: list[int] = field(default_factory=list)
+    injected: list[int] = field(default_factory=list)
+    to_finding_s: float | None = None
+    to_webhook_s: float | None = None
+    straggler_findings: list[tuple[str, list[int], str]] = field(default_factory=list)
+    hang_class: str = ""
+    threshold_s: float | None = None
+    ok: bool = False
+
+
+def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.Client) -> Result:
+    job = f"bench-{sc.name}-{int(time.time())}"
+    spool_dir = work / "spool" / sc.name
+    agent = subprocess.Popen([PY, "-m", "fleetscope.cli", "agent", "--server", api.rsplit("/api/v1", 1)[0],
+                              "--spool", str(spool_dir), "--job", job, "--retain-acked", "--no-gpu"],
+                             stdout=open(work / f"agent-{sc.name}.log", "ab"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    cmd = [PY, "-m", "fleetscope.cli", "train", *COMMON, "--steps", str(sc.steps), "--job", job,
+           "--spool", str(spool_dir), "--timeout-s", str(int(sc.timeout_s))]
+    for spec in sc.inject:
+        cmd += ["--inject", spec]
+    t_start = time.time()
+    trainer = subprocess.Popen(cmd, stdout=open(work / f"train-{sc.name}.log", "ab"), stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    first_seen: dict[str, float] = {}
+    res = Result(sc.name, injected=sorted(sc.culprits))
+    deadline = t_start + sc.timeout_s + 60
+    finished_at = None
+    while time.time() < deadline:
+        try:
+            items = http.get(f"{api}/incidents", params={"job": job, "limit": 100}).json()["items"]
+        except httpx.HTTPError:
+            items = []
+        for i in items:
+            first_seen.setdefault(i["kind"], i["opened_ns"] / 1e9)
+        if trainer.poll() is not None and finished_at is None:
+            finished_at = time.time()
+        if finished_at is not None:
+            row = http.get(f"{api}/jobs/{job}").json() if finished_at else {}
+            caught_up = row.get("status") in ("finished", "failed")
+            hang_done = not sc.expect_kinds & HANGS or rx.first_for(job, {"FleetscopeHang"})
+            if (caught_up and hang_done and time.time() - finished_at > 8) or time.time() - finished_at > 45:
+                break
+        time.sleep(1.0)
+    if trainer.poll() is None:
+        os.killpg(trainer.pid, signal.SIGKILL)
+    items = http.get(f"{api}/incidents", params={"job": job, "limit": 100}).json()["items"]
+    agent.send_signal(signal.SIGTERM)
+    try:
+        agent.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(agent.pid, signal.SIGKILL)
+    res.kinds = sorted({i["kind"] for i in items})
+    res.straggler_findings = [(i["kind"], i["ranks"], i["group_id"]) for i in items if i["kind"] in STRAGGLER]
+    onset = None
+    if sc.culprits:
+        onset = onset_ns(spool_dir, job, min(sc.culprits), sc.onset_step)
+    match = [i for i in items if i["kind"] in sc.expect_kinds]
+    if match:
+        first = min(match, key=lambda i: i["opened_ns"])
+        res.culprits = first["ranks"]
+        res.hang_class = first["evidence"].get("hang_class", "")
+        res.threshold_s = first["evidence"].get("threshold_s")
+        if onset:
+            res.to_finding_s = round(first["opened_ns"] / 1e9 - onset / 1e9, 1)
+            names = {"FleetscopeHang"} if sc.expect_kinds & HANGS else {"FleetscopeStraggler"}
+            t_hook = rx.first_for(job, names)
+            if t_hook is not None:
+                res.to_webhook_s = round(t_hook - onset / 1e9, 1)
+    res.ok = judge(sc, res)
+    return res
+
+
+def judge(sc: Scenario, res: Result) -> bool:
+    if not sc.expect_kinds:
+        return not res.kinds
+    if sc.expect_kinds & HANGS:
+        return bool(res.culprits) and set(res.culprits) & sc.culprits == sc.culprits and len(res.culprits) <= 2
+    found = {r for k, ranks, _ in res.straggler_findings if k in sc.expect_kinds for r in ranks}
+    return sc.culprits <= found
+
+
+def straggler_pr(scs: list[Scenario], results: list[Result]) -> tuple[float, float]:
+    """Per (scenario, culprit): TP when a straggler finding of the right kind names it; FP for
+    each straggler finding naming no injected rank (links: no member injected)."""
+    tp = fp = fn = 0
+    for sc, r in zip(scs, results):
+        if sc.expect_kinds & HANGS:
+            continue
+        found = {x for k, ranks, _ in r.straggler_findings if k in sc.expect_kinds for x in ranks}
+        tp += len(sc.culprits & found)
+        fn += len(sc.culprits - found)
+        fp += sum(1 for _, ranks, _ in r.straggler_findings if not set(ranks) & sc.culprits)
+    return tp / max(tp + fp, 1), tp / max(tp + fn, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="", help="comma-separated scenario names")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args(argv)
+    names = [n for n in args.only.split(",") if n]
+    unknown = [n for n in names if n not in {s.name for s in SCENARIOS}]
+    if unknown:
+        ap.error(f"unknown scenario {unknown[0]!r}; choose from {[s.name for s in SCENARIOS]}")
+    scs = [s for s in SCENARIOS if not names or s.name in names]
+    work = Path(tempfile.mkdtemp(prefix="fleetscope-bench-diag-"))
+    rx = Receiver()
+    server, url = start_server(work)
+    api = f"{url}/api/v1"
+    http = httpx.Client(timeout=60)
+    results: list[Result] = []
+    try:
+        http.post(f"{api}/alerts/webhooks", json={"name": "bench", "url": rx.url, "secret": "bench-secret"}).raise_for_status()
+        print(f"{'scenario':<22}{'injected':<10}{'detected kinds':<34}{'culprits':<12}{'class':<20}"
+              f"{'onset->finding s':>17}{'onset->webhook s':>17}  ok", flush=True)
+        for sc in scs:
+            r = run_scenario(sc, api, rx, work, http)
+            results.append(r)
+            print(f"{sc.name:<22}{str(r.injected):<10}{','.join(r.kinds) or '-':<34}{str(r.culprits or '-'):<12}"
+                  f"{r.hang_class or '-':<20}{str(r.to_finding_s or '-'):>17}{str(r.to_webhook_s or '-'):>17}  "
+                  f"{'yes' if r.ok else 'NO'}", flush=True)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        rx.httpd.shutdown()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    precision, recall = straggler_pr(scs, results)
+    hang_res = [(s, r) for s, r in zip(scs, results) if s.expect_kinds & HANGS]
+    hang_ok = sum(r.ok for _, r in hang_res)
+    hook = [r.to_webhook_s for s, r in hang_res if r.to_webhook_s is not None]
+    clean = [r for s, r in zip(scs, results) if not s.expect_kinds]
+    print(f"\nstraggler precision {precision:.2f} recall {recall:.2f} (target >= 0.95 each)")
+    print(f"hang/crash culprit correct {hang_ok}/{len(hang_res)}")
+    if hook:
+        lag = [r.to_webhook_s - (r.threshold_s or 0) for s, r in hang_res if r.to_webhook_s is not None]
+        print(f"hang onset -> webhook: max {max(hook):.1f} s, median {sorted(hook)[len(hook) // 2]:.1f} s; "
+              f"beyond the stall threshold (webhook - threshold): max {max(lag):.1f} s")
+    if clean:
+        print(f"clean run findings: {clean[0].kinds or 'none'}")
+    failed = [r.name for r in results if not r.ok]
+    print("all scenarios OK" if not failed else f"scenarios missed: {failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
