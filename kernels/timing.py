@@ -1,10 +1,11 @@
 """Time a kernel within a time budget, on CPU (wall clock) or GPU (CUDA events).
 
 Every probe measures the same way: a warm-up call, a calibration call that decides how
-many calls make one repetition (so a repetition lasts about ``budget / 6``), then
-repetitions until the budget is spent (at least ``min_reps``). Probes report the
-fastest repetition: interference from other processes only ever makes a repetition
-slower, so the minimum is the most repeatable figure of what the device can do.
+many calls make one repetition (about ``budget / 6``, at most 50 ms), then repetitions
+until the budget is spent (at least ``min_reps``). Probes report the fastest
+repetition: interference from other processes only ever makes a repetition slower, so
+the minimum of many short repetitions is the most repeatable figure of what the device
+can do.
 
 ``slowdown`` is test-only fault injection: each repetition sleeps for
 ``(slowdown - 1) x`` its measured time, inside the measurement, so the probe really
@@ -17,6 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+MAX_REP_S = 0.05
+"""Longest repetition: many short repetitions make the minimum robust to interference."""
 
 
 def check_slowdown(slowdown: float) -> float:
@@ -84,7 +88,7 @@ def time_kernel(
     *,
     slowdown: float = 1.0,
     min_reps: int = 3,
-    max_reps: int = 50,
+    max_reps: int = 200,
 ) -> Timing:
     """Time ``fn`` on ``device`` within about ``budget_s`` seconds.
 
@@ -105,7 +109,8 @@ def time_kernel(
     fn()  # warm-up: allocations, kernel selection, caches
     synchronize(device)
     one = max(_time_calls(fn, 1, device), 1e-7)
-    calls = max(1, int(budget_s / 6 / one))
+    target = min(budget_s / 6, MAX_REP_S)
+    calls = max(1, int(target / one))
     reps: list[float] = []
     while len(reps) < max_reps and (len(reps) < min_reps or time.perf_counter() < deadline):
         elapsed = _time_calls(fn, calls, device)
@@ -114,4 +119,6 @@ def time_kernel(
             time.sleep(elapsed * (slowdown - 1.0))
             elapsed += time.perf_counter() - t0
         reps.append(elapsed / calls)
+        if elapsed > 2 * target * slowdown:  # the calibration call was lucky: shorter reps
+            calls = max(1, int(target * slowdown / reps[-1]))
     return Timing(calls, tuple(reps))

@@ -22,6 +22,16 @@ WindowQ = Annotated[
 ]
 
 
+_DEFAULTS = selfcheck.ScoringConfig()
+MinRatioQ = Annotated[float, Query(
+    gt=0, lt=1, description="outlier below this fraction of the fleet median")]
+ZQ = Annotated[float, Query(gt=0, le=100, description="... and below this robust z-score")]
+
+
+def _config(min_ratio: float, z_threshold: float) -> selfcheck.ScoringConfig:
+    return selfcheck.ScoringConfig(min_ratio=min_ratio, z_threshold=z_threshold)
+
+
 @router.get("/selfcheck/hosts")
 def selfcheck_hosts(
     store: StoreDep,
@@ -32,6 +42,8 @@ def selfcheck_hosts(
     device_model: Annotated[
         str | None, Query(max_length=200, description="only this device model")
     ] = None,
+    min_ratio: MinRatioQ = _DEFAULTS.min_ratio,
+    z_threshold: ZQ = _DEFAULTS.z_threshold,
 ) -> dict[str, Any]:
     """Every host's self-check status (worst first) and all findings, worst first.
 
@@ -40,7 +52,8 @@ def selfcheck_hosts(
     fleet's devices of the same model), ``regressed`` (slower than its own history), ``ok``.
     """
     return selfcheck.fleet_summary(
-        store, window_s=window_s, history=history, device_model=device_model or None
+        store, window_s=window_s, history=history, device_model=device_model or None,
+        config=_config(min_ratio, z_threshold),
     )
 
 
@@ -50,9 +63,12 @@ def host_selfcheck(
     host: Annotated[str, Path(min_length=1, max_length=255)],
     window_s: WindowQ = selfcheck.DEFAULT_WINDOW_S,
     history: Annotated[int, Query(ge=0, le=100)] = 10,
+    min_ratio: MinRatioQ = _DEFAULTS.min_ratio,
+    z_threshold: ZQ = _DEFAULTS.z_threshold,
 ) -> dict[str, Any]:
     """One host's latest probe results with fleet and history scores, and its findings."""
-    summary = selfcheck.host_summary(store, host, window_s=window_s, history=history)
+    summary = selfcheck.host_summary(store, host, window_s=window_s, history=history,
+                                     config=_config(min_ratio, z_threshold))
     if summary is None:
         raise HTTPException(
             404, detail=f"host {host!r} has no self-check results in the last {window_s:g}s"
