@@ -1,0 +1,72 @@
+"""End to end with the real reference trainer (8 gloo ranks, 2x2x2), its host agent and a
+real server: an injected compute straggler and an injected hang are found, with the
+right culprit rank, while the job runs; the hang pages a real webhook receiver."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from test_diagnosis_api import Receiver, wait_for
+
+from tests.helpers.server import running_server
+
+pytestmark = pytest.mark.slow
+HTTP = httpx.Client(timeout=60)
+MODEL = ["--dp", "2", "--tp", "2", "--pp", "2", "--hidden", "128", "--seq-len", "64",
+         "--global-batch", "16", "--microbatches", "4"]
+
+
+def train(url: str, tmp_path, job: str, steps: int, timeout_s: int, *inject: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "fleetscope.cli", "train", *MODEL, "--steps", str(steps), "--job", job,
+           "--server", url, "--spool", str(tmp_path / "spool"), "--timeout-s", str(timeout_s)]
+    for spec in inject:
+        cmd += ["--inject", spec]
+    return subprocess.Popen(cmd, stdout=open(tmp_path / f"{job}.log", "wb"), stderr=subprocess.STDOUT)
+
+
+def test_real_trainer_straggler_found_while_running(tmp_path):
+    with running_server(tmp_path / "srv", diagnosis_tick_s=1) as url:
+        p = train(url, tmp_path, "e2e-strag", 40, 240, "straggler:rank=5:factor=1.6:from_step=4")
+        try:
+            def found():
+                items = HTTP.get(f"{url.api}/jobs/e2e-strag/stragglers").json().get("items", [])
+                return [i for i in items if i["kind"] == "slow_compute"] if items else None
+
+            items = wait_for(found, 200, "slow_compute finding for rank 5")
+            assert items[0]["ranks"] == [5], items
+            assert items[0]["evidence"]["stage"] == 1 and items[0]["est_slowdown"] > 0.05
+            incidents = HTTP.get(f"{url.api}/incidents", params={"job": "e2e-strag"}).json()["items"]
+            wrong = [i for i in incidents if i["kind"] in ("slow_compute", "slow_dataloader", "late_arrival")
+                     and i["ranks"] != [5]]
+            assert not wrong, wrong
+        finally:
+            p.kill()
+            p.wait()
+
+
+def test_real_trainer_hang_names_culprit_and_pages(tmp_path):
+    rx = Receiver()
+    try:
+        with running_server(tmp_path / "srv", diagnosis_tick_s=1, hang_min_s=8) as url:
+            HTTP.post(f"{url.api}/alerts/webhooks", json={"name": "rx", "url": rx.url}).raise_for_status()
+            p = train(url, tmp_path, "e2e-hang", 100, 90, "hang:rank=6:step=5:where=compute")
+            try:
+                hang = wait_for(lambda: (h := HTTP.get(f"{url.api}/jobs/e2e-hang/hang").json()).get("stalled") and h,
+                                80, "stall detection")
+                assert hang["culprits"] == [6] and hang["hang_class"] == "stuck_in_compute", hang
+                assert p.poll() is None  # found while the job hangs, long before its own timeout
+                payload = wait_for(lambda: [x for x in rx.payloads() if x["commonLabels"].get("job") == "e2e-hang"
+                                            and x["commonLabels"].get("alertname") == "FleetscopeHang"], 30,
+                                   "hang webhook")[0]
+                assert payload["alerts"][0]["annotations"]["culprit_ranks"] == "[6]"
+                hangs = HTTP.get(f"{url.api}/incidents", params={"job": "e2e-hang", "kind": "hang"}).json()
+                assert hangs["total"] == 1
+            finally:
+                p.kill()
+                p.wait()
+    finally:
+        rx.close()
