@@ -311,7 +311,10 @@ def main() -> int:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             c.request("GET", "/readyz")
             stats = json.loads(c.getresponse().read())["ingest"]
-            print(f"    writer: {stats['groups']} groups, {stats['inserts']} inserts, busy {stats['write_s']:.2f} s")
+            print(
+                f"    writer: {stats['groups']} groups, {stats['inserts']} inserts, busy {stats['write_s']:.2f} s "
+                f"(registry lookups {stats['lookup_s']:.2f} s, inserts {stats['insert_s']:.2f} s)"
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)

@@ -30,6 +30,12 @@ For each group the writer (the only writer, so nothing races it):
    a retry also repairs a control-plane update that failed after the rows landed.
 
 A batch is reported ``duplicate`` when every one of its tables was already stored.
+
+Scope: the guarantee holds per writer. With several server replicas on one ClickHouse
+server, a retry that reaches another replica *while* the first is still inserting the
+same batch can be written twice; agents keep one connection to one replica, and a
+retry only follows a failed or timed-out request, so this needs a timeout shorter
+than an insert.
 """
 
 from __future__ import annotations
@@ -119,7 +125,7 @@ class IngestWriter:
         """host -> {"offset_ns", "updated_ns"}: the last clock offset each host sent."""
         self.stats: dict[str, float] = {
             "batches": 0, "rows": 0, "inserts": 0, "duplicates": 0, "rejected_429": 0,
-            "groups": 0, "write_s": 0.0,
+            "groups": 0, "write_s": 0.0, "lookup_s": 0.0, "insert_s": 0.0,
         }  # fmt: skip
         self._queue: deque[_Pending] = deque()
         self._queued_rows = 0
@@ -228,7 +234,9 @@ class IngestWriter:
         first: dict[str, _Pending] = {}
         for p in group:
             first.setdefault(p.key, p)
+        t0 = time.perf_counter()
         written = queries.written_batches(self._client, list(first))
+        self.stats["lookup_s"] += time.perf_counter() - t0
         by_table: dict[str, list[tuple[str, pa.Table]]] = {}
         for key, p in first.items():
             for name, table in p.tables.items():
@@ -280,6 +288,7 @@ class IngestWriter:
                 t0 = time.perf_counter()
                 client.insert_arrow(name, table, settings=settings)
                 self.stats["inserts"] += 1
+                self.stats["insert_s"] += time.perf_counter() - t0
                 log.debug("inserted %d rows into %s in %.3fs", table.num_rows, name, time.perf_counter() - t0)
                 return
             except Exception:
