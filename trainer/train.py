@@ -35,6 +35,8 @@ class RankResult:
     rank: int
     losses: list[float] = field(default_factory=list)
     step_times_s: list[float] = field(default_factory=list)
+    step_cpu_s: list[float] = field(default_factory=list)
+    """CPU time of the whole rank process (all threads) per step."""
     hook_stats: dict[str, Any] = field(default_factory=dict)
     """The hooks' counters at shutdown (overhead, drops, sink errors); empty without hooks."""
 
@@ -120,12 +122,13 @@ def _train(cfg: TrainConfig, rank: int, topo: Topology, groups: Any, faults: Fau
     stream = data_mod.batches(ds, cfg.data == "loader", cfg.loader_workers)
     tokens_per_step = cfg.global_batch // cfg.dp * m.seq_len
     for step in range(cfg.steps):
-        t_step = time.perf_counter()
+        t_step, cpu_step = time.perf_counter(), time.process_time()
         with hooks.step(step, num_microbatches=num_mb, tokens=tokens_per_step):
             loss = _step(cfg, step, model, params, opt, pipe, stream, groups, faults, device)
             hooks.step_info(loss=loss)
         result.losses.append(loss)
         result.step_times_s.append(time.perf_counter() - t_step)
+        result.step_cpu_s.append(time.process_time() - cpu_step)
         if model.last and c.tp == 0:
             print(f"step {step} rank {rank} dp{c.dp} loss {loss:.5f}", flush=True)
 
@@ -178,7 +181,8 @@ def _write_results(directory: str, result: RankResult, status: str) -> None:
     path = os.path.join(directory, f"rank-{result.rank:05d}.json")
     with open(path + ".tmp", "w") as f:
         json.dump({"rank": result.rank, "status": status, "losses": result.losses,
-                   "step_times_s": result.step_times_s, "hook_stats": result.hook_stats}, f)
+                   "step_times_s": result.step_times_s, "step_cpu_s": result.step_cpu_s,
+                   "hook_stats": result.hook_stats}, f)
     os.replace(path + ".tmp", path)
 
 
