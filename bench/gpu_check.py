@@ -1,0 +1,224 @@
+"""GPU checks of the instrumentation, run on a CUDA machine (prints SKIP and exits 0 without).
+
+Each check is a function returning a :class:`CheckResult`; ``CHECKS`` is the list that
+runs. Other components add theirs (agent/NVML, kernels) by appending to ``CHECKS``.
+
+Checks of trainer_hooks:
+* ``event_timing``: CUDA-event section durations vs a synchronised wall-clock
+  measurement of the same kernels (error %, target <= 5 % for >= 5 ms of work);
+* ``no_sync``: no ``cudaStreamSynchronize``/``cudaDeviceSynchronize``/
+  ``cudaEventSynchronize`` on the training thread in hooked steps (torch.profiler,
+  filtered by thread), and ``torch.cuda.set_sync_debug_mode("error")`` stays silent;
+* ``overhead``: GPU step time hooks off vs on, interleaved, median ratio (target <= 1.01);
+* ``reference_trainer``: the reference trainer runs one rank on NCCL with device timing.
+
+    .venv/bin/python bench/gpu_check.py [--only name,name]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    figures: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _work(a: Any, iters: int) -> Any:
+    for _ in range(iters):
+        a = (a @ a).mul_(1.0 / a.shape[0]).relu_()
+    return a
+
+
+def check_event_timing() -> CheckResult:
+    """Section device time vs synchronised wall clock of the same kernels."""
+    torch = _torch()
+    from fleetscope import trainer_hooks as hooks
+
+    dev = torch.device("cuda", 0)
+    a = torch.randn(4096, 4096, device=dev)
+    _work(a, 3)
+    torch.cuda.synchronize()
+    errors = []
+    sink = hooks.MemorySink()
+    hooks.init(job="gpucheck", rank=0, sink=sink, device=dev, trace_collectives=False)
+    walls = []
+    for iters in (5, 10, 20, 40):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        with hooks.section("forward", microbatch=iters):
+            _work(a, iters)
+        torch.cuda.synchronize()  # the benchmark's sync, outside the section's events
+        walls.append((iters, time.perf_counter_ns() - t0))
+    hooks.shutdown()
+    rows = {r["microbatch"]: r for r in sink.rows("sections")}
+    figures = {}
+    for iters, wall in walls:
+        dev_ns = rows[iters]["device_ns"]
+        err = abs(dev_ns - wall) / wall * 100
+        errors.append(err)
+        figures[f"iters={iters}"] = f"device {dev_ns / 1e6:.2f} ms, wall {wall / 1e6:.2f} ms, err {err:.2f}%"
+    big = [e for (_, w), e in zip(walls, errors) if w >= 5e6]
+    ok = bool(big) and max(big) <= 5.0 and all(rows[i]["device_ns"] > 0 for i, _ in walls)
+    figures["max_error_pct(>=5ms)"] = round(max(big), 3) if big else None
+    return CheckResult("event_timing", ok, figures)
+
+
+def _hooked_step(a: Any, step: int, num_mb: int = 4, iters: int = 4) -> None:
+    from fleetscope import trainer_hooks as hooks
+
+    with hooks.step(step):
+        for mb in range(num_mb):
+            with hooks.section("forward", microbatch=mb):
+                _work(a, iters)
+            with hooks.section("backward", microbatch=mb):
+                _work(a, 2 * iters)
+        with hooks.section("optimizer"):
+            a.mul_(0.999)
+
+
+def check_no_sync() -> CheckResult:
+    """No synchronising CUDA calls on the training thread while hooked steps run."""
+    torch = _torch()
+    from torch.profiler import ProfilerActivity, profile
+
+    from fleetscope import trainer_hooks as hooks
+
+    dev = torch.device("cuda", 0)
+    a = torch.randn(2048, 2048, device=dev)
+    hooks.init(job="gpucheck", rank=0, sink=hooks.MemorySink(), device=dev, trace_collectives=False)
+    _hooked_step(a, 0)
+    steps = 10
+    main_tid = threading.get_native_id()
+    debug_error = ""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for s in range(1, steps + 1):
+                _hooked_step(a, s)
+        except RuntimeError as e:
+            debug_error = str(e)[:200]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()  # harness sync after the measured steps
+    hooks.shutdown()
+    syncs = [e for e in prof.events()
+             if "Synchronize" in e.name and e.name.startswith("cuda")
+             and getattr(e, "thread", None) in (main_tid, None)]
+    # the single harness synchronize above is expected; anything else is the hooks' doing
+    per_step = max(0, len(syncs) - 1) / steps
+    ok = per_step == 0 and not debug_error
+    return CheckResult("no_sync", ok, {"sync_calls_on_training_thread_per_step": per_step,
+                                       "sync_debug_mode_error": debug_error or "none"})
+
+
+def check_overhead() -> CheckResult:
+    """Median GPU step time, hooks off vs on, interleaved."""
+    torch = _torch()
+    from fleetscope import trainer_hooks as hooks
+
+    dev = torch.device("cuda", 0)
+    a = torch.randn(4096, 4096, device=dev)
+    _hooked_step(a, 0)
+    torch.cuda.synchronize()
+    off, on = [], []
+    for rep in range(6):
+        for enabled in ((False, True) if rep % 2 == 0 else (True, False)):
+            if enabled:
+                hooks.init(job="gpucheck", rank=0, sink=hooks.SpoolSink(tempfile.mkdtemp()),
+                           device=dev, trace_collectives=False)
+            times = []
+            for s in range(10):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                _hooked_step(a, s)
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+            (on if enabled else off).append(statistics.median(times))
+            hooks.shutdown()
+    ratio = statistics.median(on) / statistics.median(off)
+    return CheckResult("overhead", ratio <= 1.01, {
+        "median_step_ms_off": round(statistics.median(off) * 1e3, 3),
+        "median_step_ms_on": round(statistics.median(on) * 1e3, 3),
+        "ratio": round(ratio, 4)})
+
+
+def check_reference_trainer() -> CheckResult:
+    """One rank of the reference trainer on NCCL: sections carry CUDA-event device time."""
+    from fleetscope.trainer.config import TrainConfig
+    from fleetscope.trainer.launcher import free_port
+    from fleetscope.trainer.train import run_rank
+
+    from fleetscope import trainer_hooks as hooks
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    sink = hooks.MemorySink()
+    result = run_rank(TrainConfig(steps=5, job="gpucheck-train", device="cuda"), 0, 1, sink=sink)
+    secs = [r for r in sink.rows("sections") if r["name"] in ("forward", "backward")]
+    with_device = sum(r["device_ns"] > 0 for r in secs)
+    ok = bool(secs) and with_device == len(secs) and result.losses[-1] < result.losses[0]
+    return CheckResult("reference_trainer", ok, {
+        "sections": len(secs), "with_device_time": with_device,
+        "loss_first_last": (round(result.losses[0], 4), round(result.losses[-1], 4)),
+        "dropped": result.hook_stats.get("dropped_records")})
+
+
+CHECKS: list[Callable[[], CheckResult]] = [
+    check_event_timing,
+    check_no_sync,
+    check_overhead,
+    check_reference_trainer,
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="GPU checks (SKIP without CUDA)")
+    ap.add_argument("--only", default="", help="comma-separated check names")
+    args = ap.parse_args()
+    try:
+        torch = _torch()
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:
+        print("SKIP: no CUDA device (bench/gpu_check.py needs one)")
+        return 0
+    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    only = {s for s in args.only.split(",") if s}
+    failed = 0
+    for check in CHECKS:
+        name = check.__name__.removeprefix("check_")
+        if only and name not in only:
+            continue
+        try:
+            r = check()
+        except Exception as e:  # one broken check must not hide the others
+            r = CheckResult(name, False, note=f"error: {e!r}")
+        failed += not r.passed
+        print(f"[{'PASS' if r.passed else 'FAIL'}] {r.name} {r.note}")
+        for k, v in r.figures.items():
+            print(f"    {k}: {v}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
