@@ -265,7 +265,10 @@ def analyse_hang(
     threshold = stall_threshold_s(steps, config)
     if heartbeats is not None and not heartbeats.empty:
         mine = heartbeats[heartbeats["rank"].between(0, topo.world_size - 1)]
-        if (mine["alive"].astype(int) == 0).any():  # a rank process is gone: no need to wait
+        dead = mine["alive"].astype(int) == 0
+        if "caught_up" in mine.columns:  # its last records may still be on the way
+            dead &= mine["caught_up"].astype(int) == 1
+        if dead.any():  # a rank process is gone: no step can complete, no need to wait
             p99 = threshold / config.hang_k if threshold > config.hang_min_s else 0.0
             threshold = max(2 * p99, config.dead_rank_min_s)
     last_end = int(steps["end_ns"].max()) if not steps.empty else int(started_ns)

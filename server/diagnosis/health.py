@@ -52,6 +52,8 @@ def detect_heartbeat_loss(
         dead = latest[(latest["rank"] >= 0) & (latest["alive"].astype(int) == 0)]
         if "dead_since_ns" in dead.columns:  # a finished job's final records may still be in flight
             dead = dead[now_ns - dead["dead_since_ns"] >= min_dead_s * 1e9]
+        if "caught_up" in dead.columns:
+            dead = dead[dead["caught_up"].astype(int) == 1]
         if not dead.empty:
             dr = sorted(int(r) for r in dead["rank"])
             out.append(Finding(

@@ -69,7 +69,7 @@ GROUP BY rank
 
 HEARTBEATS_LATEST = """
 SELECT rank, host, max(ts_ns) AS last_ts, argMax(alive, ts_ns) AS cur_alive, argMax(pid, ts_ns) AS cur_pid,
-       minIf(ts_ns, alive = 0) AS dead_since_ns
+       minIf(ts_ns, alive = 0) AS dead_since_ns, max(last_step) AS spool_last_step
 FROM heartbeats
 WHERE ts_ns >= {since_ns:Int64}
   AND (job = {job:String} OR (rank = -1 AND has({hosts:Array(String)}, host)))
@@ -173,7 +173,8 @@ def load_job_frames(
         step_times=_df(store, STEP_TIMES, {**p, "from_step": max(last_step - mfu_window_steps + 1, 0)},
                        ["step", "duration_ns", "end_ns"]),
         inflight=_df(store, INFLIGHT_LATEST, p),
-        heartbeats=_df(store, HEARTBEATS_LATEST, p, ["rank", "host", "ts_ns", "alive", "pid", "dead_since_ns"]),
+        heartbeats=_df(store, HEARTBEATS_LATEST, p, ["rank", "host", "ts_ns", "alive", "pid", "dead_since_ns",
+                                                      "spool_last_step"]),
         progress=_df(store, PROGRESS, {**p, "from_step": max(last_step - 2, 0)}, ["rank", "group_id", "last_seq"]),
         last_seen={},
         log_events=_df(store, LOG_EVENTS, p),
@@ -184,6 +185,10 @@ def load_job_frames(
     hb = frames.heartbeats
     if not hb.empty:  # minIf over no dead rows yields 0
         hb["dead_since_ns"] = hb["dead_since_ns"].where(hb["dead_since_ns"] > 0, hb["ts_ns"])
+        # a rank's death is judged only once the store holds every step its spool had
+        stored = steps.groupby("rank")["step"].max() if not steps.empty else pd.Series(dtype="int64")
+        have = hb["rank"].map(stored).fillna(-1)
+        hb["caught_up"] = (have >= hb["spool_last_step"]).astype(int)
     return frames
 
 

@@ -1,0 +1,135 @@
+"""Alerts without a server: Alertmanager payloads, HMAC signatures, rules, outbox dedup,
+backoff and incidents lifecycle on a real SQLite DB migrated by Alembic."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from fleetscope.server.alerts.dispatcher import AlertDispatcher
+from fleetscope.server.alerts.outbox import backoff_ns, due_groups, enqueue_incident
+from fleetscope.server.alerts.payload import build_payload, fingerprint, incident_alert, rfc3339
+from fleetscope.server.alerts.rules import install_defaults, rule_matches
+from fleetscope.server.alerts.signing import sign_headers, verify
+from fleetscope.server.db import open_db
+from fleetscope.server.db.diagnosis_models import AlertOutbox, AlertRule, Incident, Webhook
+from fleetscope.server.diagnosis.findings import Finding, FindingKind, Severity
+from fleetscope.server.diagnosis.incidents import sync_incidents
+
+NOW = 1_764_460_800_000_000_000
+
+
+@pytest.fixture
+def db(tmp_path):
+    maker = open_db(f"sqlite:///{tmp_path / 'c.db'}")
+    with maker() as s:
+        assert install_defaults(s) == 6
+        assert install_defaults(s) == 0  # idempotent
+    return maker
+
+
+def straggler(slowdown=0.2, first=10, last=30, ranks=(5,)):
+    return Finding(FindingKind.SLOW_COMPUTE, "j", ranks, 3.0, "rank 5 slow", Severity.WARNING,
+                   hosts=("h1",), first_step=first, last_step=last, est_slowdown=slowdown,
+                   evidence={"busy_ms": 12.5})
+
+
+def test_signature_roundtrip_and_replay():
+    body = b'{"a":1}'
+    h = sign_headers("k" * 20, body, now_s=1000)
+    assert h["X-Fleetscope-Signature"].startswith("sha256=")
+    assert verify("k" * 20, h, body, now_s=1010)
+    assert not verify("k" * 20, h, body + b" ", now_s=1010)
+    assert not verify("k" * 20, h, body, now_s=5000)  # stale timestamp
+    assert sign_headers("", body) == {}
+
+
+def test_incident_lifecycle_and_payload(db):
+    with db() as s:
+        ch = sync_incidents(s, "j", [straggler()], NOW, resolve_after_s=10)
+        assert [c.what for c in ch] == ["opened"]
+        ch = sync_incidents(s, "j", [straggler(last=31)], NOW + 10**9, resolve_after_s=10)
+        assert [c.what for c in ch] == ["updated"]
+        ch = sync_incidents(s, "j", [straggler(last=31)], NOW + 2 * 10**9, resolve_after_s=10)
+        assert ch == []  # nothing material changed
+        assert sync_incidents(s, "j", [], NOW + 5 * 10**9, resolve_after_s=10) == []
+        ch = sync_incidents(s, "j", [], NOW + 20 * 10**9, resolve_after_s=10)
+        assert [c.what for c in ch] == ["resolved"]
+        inc = ch[0].incident
+        assert s.scalar(select(Incident).where(Incident.id == inc.id)).status == "resolved"
+        rule = s.scalar(select(AlertRule).where(AlertRule.name == "straggler-5pct"))
+        alert = incident_alert(inc, rule, "resolved", "http://ctl:8000")
+        assert alert["endsAt"] == rfc3339(inc.resolved_ns) and alert["startsAt"].endswith("Z")
+        assert json.loads(alert["annotations"]["culprit_ranks"]) == [5]
+        assert alert["fingerprint"] == fingerprint(alert["labels"])
+        p = build_payload("oncall", [alert, {**alert, "status": "firing"}], "http://ctl:8000")
+        assert p["version"] == "4" and p["status"] == "firing" and p["receiver"] == "oncall"
+        assert p["groupLabels"] == {"alertname": "FleetscopeStraggler", "job": "j"}
+        assert p["groupKey"] == '{}:{alertname="FleetscopeStraggler", job="j"}'
+
+
+def test_rules_thresholds(db):
+    with db() as s:
+        rule = s.scalar(select(AlertRule).where(AlertRule.name == "straggler-5pct"))
+        inc = Incident(job="j", key="k", kind="slow_compute", est_slowdown=0.2, first_step=10, last_step=30)
+        assert rule_matches(rule, inc)
+        inc.est_slowdown = 0.01
+        assert not rule_matches(rule, inc)
+        inc.est_slowdown, inc.last_step = 0.2, 12
+        assert not rule_matches(rule, inc)  # not persistent enough yet
+        rule.job = "other"
+        assert not rule_matches(rule, Incident(job="j", kind="slow_compute", est_slowdown=0.2,
+                                               first_step=0, last_step=30))
+
+
+def test_outbox_dedup_grouping_and_backoff(db):
+    with db() as s:
+        s.add_all([Webhook(name="a", url="http://127.0.0.1:1/a", secret="x" * 16),
+                   Webhook(name="b", url="http://127.0.0.1:1/b", filter_kinds='["hang"]')])
+        s.commit()
+        ch = sync_incidents(s, "j", [straggler(), straggler(ranks=(2,))], NOW, 10)
+        n = sum(enqueue_incident(s, c.incident, NOW) for c in ch)
+        assert n == 2  # both incidents to webhook a only (b filters to hangs)
+        assert sum(enqueue_incident(s, c.incident, NOW) for c in ch) == 0  # dedup
+        groups = due_groups(s, NOW)
+        assert len(groups) == 1 and len(next(iter(groups.values()))) == 2  # grouped into one payload
+        delays = [backoff_ns(a, 1.0, 60.0) / 1e9 for a in (1, 2, 3, 10)]
+        assert 0.5 <= delays[0] <= 1 and 1 <= delays[1] <= 2 and 2 <= delays[2] <= 4 and delays[3] <= 60
+
+
+def test_dispatcher_retries_then_delivers(db):
+    got = []
+    fail = {"n": 2}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if fail["n"] > 0:
+            fail["n"] -= 1
+            return httpx.Response(500, text="boom")
+        got.append(request)
+        return httpx.Response(200)
+
+    with db() as s:
+        s.add(Webhook(name="a", url="http://recv.test/hook", secret="s" * 16, max_attempts=5))
+        s.commit()
+        for c in sync_incidents(s, "j", [straggler()], NOW, 10):
+            enqueue_incident(s, c.incident, 0)
+    d = AlertDispatcher(db, retry_base_s=0.01, retry_max_s=0.02)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            for _ in range(20):
+                await d.deliver_due(client)
+                if got:
+                    return
+                await asyncio.sleep(0.03)
+
+    asyncio.run(go())
+    assert len(got) == 1 and verify("s" * 16, dict(got[0].headers), got[0].content, now_s=time.time())
+    with db() as s:
+        row = s.scalar(select(AlertOutbox))
+        assert row.status == "delivered" and row.attempts == 3 and "500" in row.last_error
