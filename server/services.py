@@ -23,6 +23,8 @@ SERVICES: list[Callable[[Any], Service]] = []
 
 from fleetscope.server.alerts.service import alert_dispatcher  # noqa: E402
 from fleetscope.server.diagnosis.loop import diagnosis_loop  # noqa: E402
+from fleetscope.server.diagnosis.selfcheck_alerts import selfcheck_alerts  # noqa: E402
 
 SERVICES.append(alert_dispatcher)
 SERVICES.append(diagnosis_loop)
+SERVICES.append(selfcheck_alerts)

@@ -74,6 +74,8 @@ class Settings(BaseSettings):
     """...and at least this many times the recent p99 step time."""
     incident_resolve_s: float = Field(20.0, ge=0, le=86_400)
     """An incident not detected for this long is resolved."""
+    selfcheck_tick_s: float = Field(15.0, ge=0.1, le=3600)
+    """Seconds between fleet self-check scoring passes (probe findings -> incidents)."""
     alert_retry_base_s: float = Field(1.0, ge=0.01, le=3600)
     """First retry delay of a failed webhook delivery (doubles each attempt)."""
     alert_retry_max_s: float = Field(300.0, ge=0.1, le=86_400)

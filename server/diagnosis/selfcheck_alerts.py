@@ -1,0 +1,118 @@
+"""Self-check findings -> incidents -> alerts, through the existing rules and outbox.
+
+A background service (one line in :data:`fleetscope.server.services.SERVICES`) scores
+the fleet's recent ``probes`` records every ``selfcheck_tick_s`` seconds
+(:func:`fleetscope.server.diagnosis.selfcheck.score_probes`) and hands the findings to
+the same incident and alert machinery as the job detectors:
+
+* each self-check finding becomes a ``hardware_error`` :class:`Finding` naming the host
+  (a device that fails its probes, is slower than its fleet peers or computes other
+  bits *is* a hardware problem), so the built-in ``hardware-error`` rule and the
+  webhooks' filters apply unchanged;
+* the incidents belong to the pseudo-job :data:`SELFCHECK_JOB` (probe results are
+  per host, not per job; the job or maintenance window of the result is in the
+  evidence); one incident per host (key ``hardware_error:<host>``), resolved once the
+  host's latest results are clean for ``incident_resolve_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any, Final
+
+from .findings import Finding, FindingKind, Severity
+from .selfcheck import DEFAULT_WINDOW_S, SelfcheckFinding, finding_to_dict, score_probes
+
+log = logging.getLogger(__name__)
+
+SELFCHECK_JOB: Final = "selfcheck"
+"""Job id of the self-check incidents (``GET /api/v1/incidents?job=selfcheck``)."""
+
+
+def to_findings(findings: Iterable[SelfcheckFinding]) -> list[Finding]:
+    """Self-check findings as ``hardware_error`` findings of :data:`SELFCHECK_JOB` (pure)."""
+    out = []
+    for f in findings:
+        evidence = finding_to_dict(f)
+        evidence["selfcheck_kind"] = evidence.pop("kind")
+        out.append(Finding(
+            kind=FindingKind.HARDWARE_ERROR,
+            job=SELFCHECK_JOB,
+            ranks=(),
+            score=float(f.score),
+            summary=f"self-check {f.kind.value}: {f.summary}",
+            severity=Severity.CRITICAL if f.severity == "critical" else Severity.WARNING,
+            hosts=(f.host,),
+            evidence=evidence,
+        ))
+    return out
+
+
+class SelfcheckAlerts:
+    """Periodic fleet self-check scoring feeding incidents and the alert outbox."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        s = app.state.settings
+        self.tick_s = float(getattr(s, "selfcheck_tick_s", 15.0))
+        self.resolve_after_s = float(getattr(s, "incident_resolve_s", 20.0))
+        self.base_url = str(getattr(s, "public_url", "") or "")
+        self.num_ticks = 0
+        self._task: asyncio.Task | None = None
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="fleetscope-selfcheck-alerts")
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task:
+            try:
+                await asyncio.wait_for(self._task, timeout=30)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                if await asyncio.to_thread(self.tick):
+                    dispatcher = getattr(self.app.state, "alert_dispatcher", None)
+                    if dispatcher is not None:
+                        dispatcher.wake()
+            except Exception:
+                log.exception("self-check scoring pass failed")
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=self.tick_s)
+            except asyncio.TimeoutError:
+                pass
+
+    def tick(self) -> int:
+        """One pass: score, sync the incidents, queue alerts; returns alert rows queued."""
+        from fleetscope.server.alerts.outbox import enqueue_incident
+        from fleetscope.server.store import probe_queries
+
+        from .incidents import sync_incidents
+
+        now = time.time_ns()
+        rows = probe_queries.recent_probes(
+            self.app.state.store, since_ns=now - int(DEFAULT_WINDOW_S * 1e9), per_key=6)
+        findings = to_findings(score_probes(rows).findings)
+        queued = 0
+        with self.app.state.db() as session:
+            for change in sync_incidents(session, SELFCHECK_JOB, findings, now,
+                                         self.resolve_after_s):
+                queued += enqueue_incident(session, change.incident, now, self.base_url)
+        self.num_ticks += 1
+        return queued
+
+
+def selfcheck_alerts(app: Any) -> Any:
+    """Service factory for :data:`fleetscope.server.services.SERVICES`."""
+    if not getattr(app.state.settings, "diagnosis_enabled", True):
+        from fleetscope.server.alerts.service import DisabledService
+
+        return DisabledService()
+    return SelfcheckAlerts(app)
