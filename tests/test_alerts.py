@@ -9,8 +9,6 @@ import time
 
 import httpx
 import pytest
-from sqlalchemy import select
-
 from fleetscope.server.alerts.dispatcher import AlertDispatcher
 from fleetscope.server.alerts.outbox import backoff_ns, due_groups, enqueue_incident
 from fleetscope.server.alerts.payload import build_payload, fingerprint, incident_alert, rfc3339
@@ -20,6 +18,7 @@ from fleetscope.server.db import open_db
 from fleetscope.server.db.diagnosis_models import AlertOutbox, AlertRule, Incident, Webhook
 from fleetscope.server.diagnosis.findings import Finding, FindingKind, Severity
 from fleetscope.server.diagnosis.incidents import sync_incidents
+from sqlalchemy import select
 
 NOW = 1_764_460_800_000_000_000
 
