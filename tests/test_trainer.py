@@ -80,6 +80,21 @@ def test_training_survives_a_crashing_sink_with_identical_losses(reference):
     assert result.hook_stats["sink_errors"] > 0 and result.hook_stats["dropped_records"] > 0
 
 
+def test_dataloader_path_with_load_cost_and_forked_workers(reference):
+    sink = hooks.MemorySink()
+    cfg = TrainConfig(steps=2, job="loader", data="loader", load_cost_ms=40)
+    result = run_in_process(cfg, sink)
+    assert result.losses == reference[0].losses[:2]  # same batches as the synthetic path
+    loads = [s for s in sink.rows("sections") if s["name"] == "dataloader"]
+    assert len(loads) == 2 and all(s["kind"] == "dataloader" and s["duration_ns"] >= 40e6
+                                   for s in loads)
+    # DataLoader worker processes are forked from a hooked rank: they must stay silent
+    workers = run_in_process(TrainConfig(steps=2, job="loader2", data="loader",
+                                         loader_workers=1), hooks.MemorySink())
+    assert workers.losses == reference[0].losses[:2]
+    assert workers.hook_stats["dropped_records"] == 0
+
+
 def test_one_rank_collectives_seq_states_and_async_completion():
     sink = hooks.MemorySink()
     if not dist.is_initialized():

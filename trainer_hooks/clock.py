@@ -58,6 +58,10 @@ class CudaTimer:
     def anchored(self) -> bool:
         return self._anchor is not None
 
+    def bind_thread(self) -> None:
+        """Make the rank's device current on the calling (background) thread."""
+        self._torch.cuda.set_device(self.device)
+
     def reanchor(self) -> None:
         """Pin device time to wall-clock time (background thread only)."""
         cuda = self._torch.cuda

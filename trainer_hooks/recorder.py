@@ -157,6 +157,7 @@ class Recorder:
         self._metrics_prev = (time.monotonic_ns(), 0)
         self._guard(self._open_sink)
         if self.cuda is not None:
+            self._guard(self.cuda.bind_thread)
             self._guard(self.cuda.reanchor)
         while not self._stop.wait(cfg.poll_interval_s):
             self._guard(self._drain)
