@@ -54,29 +54,52 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.ready = False
     app.state.services = []
-    include_routes(app)
+    models = include_routes(app)
+    _document_models(app, models)
     if settings.ui:
         _mount_ui(app, settings)
     return app
 
 
-def include_routes(app: FastAPI) -> list[str]:
-    """Include every route module of ``fleetscope.server.api.routes``; returns their names."""
+def include_routes(app: FastAPI) -> list[Any]:
+    """Include every route module of ``fleetscope.server.api.routes``.
+
+    Returns the pydantic models that modules list in ``OPENAPI_MODELS`` (bodies read
+    raw, e.g. the ingest formats) for :func:`_document_models`.
+    """
     from fleetscope.server.api import routes
     from fleetscope.server.api.deps import require_token
 
-    names = []
+    models: list[Any] = []
     for info in sorted(pkgutil.iter_modules(routes.__path__), key=lambda i: i.name):
         module = importlib.import_module(f"{routes.__name__}.{info.name}")
         deps = [] if getattr(module, "PUBLIC", False) else [Depends(require_token)]
         router = getattr(module, "router", None)
         if router is not None:
             app.include_router(router, prefix=API_PREFIX, dependencies=deps)
-            names.append(info.name)
         root = getattr(module, "root_router", None)
         if root is not None:
             app.include_router(root, dependencies=deps)
-    return names
+        models.extend(getattr(module, "OPENAPI_MODELS", ()))
+    return models
+
+
+def _document_models(app: FastAPI, models: list[Any]) -> None:
+    """Add ``models`` (and the models they reference) to the OpenAPI components."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = generate()
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps.update(js.pop("$defs", {}))
+            comps[model.__name__] = js
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _mount_ui(app: FastAPI, settings: Settings) -> None:

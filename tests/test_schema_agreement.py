@@ -65,3 +65,14 @@ def test_api_models_match_schema(name):
         assert f.annotation is PYTHON_TYPES[c.type]
         assert f.is_required() == c.required
     assert name in JsonRecords.model_fields
+
+
+def test_openapi_documents_every_record_type():
+    from fleetscope.server.app import create_app
+    from fleetscope.server.settings import Settings
+
+    comps = create_app(Settings(ui=False)).openapi()["components"]["schemas"]
+    for name, model in RECORD_MODELS.items():
+        props = comps[model.__name__]["properties"]
+        assert list(props) == list(RECORD_TYPES[name].column_names)
+    assert set(comps["JsonRecords"]["properties"]) == set(RECORD_TYPES)

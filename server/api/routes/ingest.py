@@ -28,6 +28,9 @@ from fleetscope.codec import ARROW_CONTENT_TYPE, JSON_CONTENT_TYPE
 
 router = APIRouter(tags=["ingest"])
 
+OPENAPI_MODELS = (JsonBatch,)
+"""Models documented in OpenAPI components though no parameter uses them (raw body)."""
+
 _KEY_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
 _THREAD_DECODE_BYTES = 256 * 1024
 """Bodies larger than this are decoded in a worker thread, off the event loop."""
@@ -60,7 +63,7 @@ async def _read_body(request: Request, limit: int) -> bytes | None:
             "required": True,
             "content": {
                 ARROW_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}},
-                JSON_CONTENT_TYPE: {"schema": JsonBatch.model_json_schema(ref_template="#/components/schemas/{model}")},
+                JSON_CONTENT_TYPE: {"schema": {"$ref": "#/components/schemas/JsonBatch"}},
             },
         }
     },
