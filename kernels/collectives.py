@@ -135,7 +135,7 @@ def collective_probe(
         dst = torch.empty_like(src)
         if op == "allreduce":
 
-            def fn(src: Any = src) -> None:
+            def fn(src: Any = src, dst: Any = dst) -> None:
                 dist.all_reduce(src, group=group)
 
         else:
