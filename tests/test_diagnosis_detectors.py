@@ -192,8 +192,14 @@ def test_hang_process_dead():
 
 def test_crash_everyone_dead_first_to_die_is_culprit():
     hb = _hb(dead=tuple(range(8))).assign(dead_since_ns=lambda d: np.where(d["rank"] == 5, NOW - 40 * 10**9, NOW - 39 * 10**9))
-    a = _analyse([], hb=hb)
+    # survivors' last in-flight rows: blocked in collectives/p2p that rank 5 never joined
+    rows = [_inf(4, "collective", "all_reduce", "tp.pp1.dp0", 42, ts=NOW - 39 * 10**9)]
+    rows += [_inf(r, "p2p", "recv", TOPO.group_id("pp", r), 20, peer=r + 4, ts=NOW - 39 * 10**9) for r in range(4)]
+    rows += [_inf(r, "collective", "all_reduce", TOPO.group_id("dp", r), 9, ts=NOW - 39 * 10**9) for r in (6, 7)]
+    a = _analyse(rows, hb=hb)
     assert a.culprits == (5,) and a.hang_class == HangClass.PROCESS_DEAD
+    # everyone exited with nobody blocked: the job ended normally, not a hang
+    assert not _analyse([_inf(r, "idle", ts=NOW - 39 * 10**9) for r in range(8)], hb=hb).stalled
 
 
 def test_hang_inside_collective_with_all_peers_present_is_link_fault():
@@ -265,3 +271,18 @@ def test_arrivals_identify_last_member():
     arr = collective_arrivals(f["collectives"])
     first_tp = arr[(arr.group_id == "tp.pp0.dp0") & (arr.seq == 1)]
     assert first_tp.set_index("rank")["is_last"].to_dict() == {0: True, 1: False}
+
+
+def test_hung_job_killed_afterwards_keeps_the_hang_culprit():
+    # rank 5 was stuck in forward, everyone else waited; then the launcher killed all
+    rows = [_inf(5, "section", "forward", ts=NOW - 20 * 10**9)]
+    rows += [_inf(4, "collective", "all_reduce", "tp.pp1.dp0", 42, ts=NOW - 20 * 10**9)]
+    rows += [_inf(r, "p2p", "recv", TOPO.group_id("pp", r), 20, peer=r + 4, ts=NOW - 20 * 10**9) for r in range(4)]
+    rows += [_inf(r, "p2p", "send", TOPO.group_id("pp", r), 20, peer=r - 4, ts=NOW - 20 * 10**9) for r in (6, 7)]
+    hb = _hb(dead=tuple(range(8))).assign(dead_since_ns=NOW - 10 * 10**9)  # killed together
+    a = _analyse(rows, hb=hb)
+    assert a.culprits == (5,) and a.hang_class == HangClass.STUCK_IN_COMPUTE
+    # the same graph but rank 5 died first: a crash
+    hb2 = _hb(dead=tuple(range(8))).assign(dead_since_ns=lambda d: np.where(d["rank"] == 5, NOW - 12 * 10**9, NOW - 9 * 10**9))
+    a2 = _analyse(rows, hb=hb2)
+    assert a2.culprits == (5,) and a2.hang_class == HangClass.PROCESS_DEAD

@@ -70,9 +70,12 @@ def stall_threshold_s(steps: pd.DataFrame, config: HangConfig) -> float:
 
 def rank_states(
     topo: Topology, inflight: pd.DataFrame, heartbeats: pd.DataFrame, now_ns: int,
-    config: HangConfig,
+    config: HangConfig, ignore_death: bool = False,
 ) -> dict[int, RankState]:
-    """What each rank is doing now, from its latest in-flight record and heartbeat."""
+    """What each rank is doing now, from its latest in-flight record and heartbeat.
+
+    With ``ignore_death`` every rank gets its last in-flight state however old.
+    """
     inf = _latest(inflight, "ts_ns")
     hb = _latest(heartbeats, "ts_ns")
     out: dict[int, RankState] = {}
@@ -80,6 +83,13 @@ def rank_states(
         h = hb.get(r)
         host = str(h["host"]) if h is not None else ""
         row = inf.get(r)
+        if ignore_death:
+            if row is not None and row["kind"] in ("collective", "p2p", "section"):
+                out[r] = RankState(r, str(row["kind"]), str(row["op"]), str(row["group_id"]),
+                                   int(row["seq"]), int(row["peer"]), int(row["since_ns"]), host)
+            else:
+                out[r] = RankState(r, "idle", host=host)
+            continue
         if h is not None and not bool(h["alive"]):
             out[r] = RankState(r, "dead", host=host, since_ns=int(h.get("dead_since_ns", h["ts_ns"])))
             continue
@@ -146,9 +156,14 @@ def _where(s: RankState | None) -> str:
 
 def localise(
     topo: Topology, states: dict[int, RankState], progress: pd.DataFrame,
-    last_seen: dict[int, int] | None = None,
+    last_seen: dict[int, int] | None = None, last_known: dict[int, RankState] | None = None,
 ) -> tuple[tuple[int, ...], HangClass | None, str, tuple[tuple[int, int, str], ...], dict]:
-    """Culprit ranks (most waited-on first), class, group, wait-for chain and evidence."""
+    """Culprit ranks (most waited-on first), class, group, wait-for chain and evidence.
+
+    ``last_known`` are the ranks' states from their latest in-flight records however old,
+    used when every process is gone (a crash that took the job down, or a hung job that
+    was killed): the graph just before the end still points at the culprit.
+    """
     edges = wait_for_graph(topo, states, progress)
     blocked = [r for r, s in states.items() if s.kind in ("collective", "p2p")]
     dead = [r for r, s in states.items() if s.kind == "dead"]
@@ -161,8 +176,17 @@ def localise(
         seen = last_seen or {}
         key = {r: (states[r].since_ns, seen.get(r, states[r].since_ns)) for r in dead}
         first = min(key.values())
-        culprits = tuple(sorted(r for r in dead if key[r] == first))
-        return culprits, HangClass.PROCESS_DEAD, "", (), {**evidence, "all_dead": True}
+        first_dead = tuple(sorted(r for r in dead if key[r] == first))
+        evidence["all_dead"] = True
+        if last_known:  # the wait-for graph as it was just before the processes went away
+            culprits, cls, gid, chain, ev = localise(topo, last_known, progress)
+            if culprits:
+                died_first = set(first_dead) != set(dead) and set(culprits) & set(first_dead)
+                if died_first and cls not in (HangClass.COLLECTIVE_FAULT,
+                                                                    HangClass.COLLECTIVE_MISMATCH):
+                    cls = HangClass.PROCESS_DEAD
+                return culprits, cls, gid, chain, {**ev, **evidence, "first_dead": list(first_dead)}
+        return first_dead, HangClass.PROCESS_DEAD, "", (), evidence
     # ranks reachable from the blocked ones
     reach: dict[int, int] = {}
     chain: list[tuple[int, int, str]] = []
@@ -204,7 +228,9 @@ def localise(
         }.get(top.kind)
         if top.kind == "section":
             cls = HangClass.DATALOADER_STALL if "data" in top.op or "loader" in top.op else HangClass.STUCK_IN_COMPUTE
-        culprits = tuple(r for r in roots if states[r].kind not in ("collective", "p2p"))
+        culprits = tuple(r for r in roots if states[r].kind not in ("collective", "p2p")
+                         and waiters[r] >= 0.5 * waiters[roots[0]])
+        evidence["other_roots"] = [r for r in roots if r not in culprits]
     evidence["num_waiting_on_culprit"] = {str(r): waiters[r] for r in culprits}
     return culprits, cls, group_id, tuple(_chain_to(chain, set(culprits))), evidence
 
@@ -263,24 +289,40 @@ def analyse_hang(
         config: thresholds.
     """
     threshold = stall_threshold_s(steps, config)
-    if heartbeats is not None and not heartbeats.empty:
-        mine = heartbeats[heartbeats["rank"].between(0, topo.world_size - 1)]
-        dead = mine["alive"].astype(int) == 0
-        if "caught_up" in mine.columns:  # its last records may still be on the way
-            dead &= mine["caught_up"].astype(int) == 1
-        if dead.any():  # a rank process is gone: no step can complete, no need to wait
-            p99 = threshold / config.hang_k if threshold > config.hang_min_s else 0.0
-            threshold = max(2 * p99, config.dead_rank_min_s)
     last_end = int(steps["end_ns"].max()) if not steps.empty else int(started_ns)
     last_step = int(steps["step"].max()) if not steps.empty else -1
     stalled_for = (now_ns - last_end) / 1e9 if last_end > 0 else 0.0
+    states = rank_states(topo, inflight, heartbeats, now_ns, config)
+    last_known = rank_states(topo, inflight, heartbeats, now_ns, config, ignore_death=True)
+    if all(st.kind == "dead" for st in states.values()) and not any(
+            st.kind in ("collective", "p2p") for st in last_known.values()):
+        # every process exited and nobody was blocked: the job ended (its final status
+        # record may still be on its way)
+        return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step)
+    dead_for = _dead_for_s(topo, heartbeats, now_ns)
+    if dead_for >= config.dead_rank_min_s:  # a rank process is gone: no step can complete
+        threshold = min(threshold, config.dead_rank_min_s)
     if stalled_for < threshold:
         return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step)
-    states = rank_states(topo, inflight, heartbeats, now_ns, config)
-    culprits, cls, gid, chain, ev = localise(topo, states, progress, last_seen)
+    culprits, cls, gid, chain, ev = localise(topo, states, progress, last_seen, last_known)
     ev["culprit_hosts"] = sorted({states[r].host for r in culprits if states[r].host})
     return HangAnalysis(job, True, last_end, stalled_for, threshold, last_step, culprits, cls,
                         gid, chain, ev)
+
+
+def _dead_for_s(topo: Topology, heartbeats: pd.DataFrame, now_ns: int) -> float:
+    """Seconds since the first rank process of the job died (only ranks whose spool the
+    store has caught up with); 0 when none is dead."""
+    if heartbeats is None or heartbeats.empty:
+        return 0.0
+    mine = heartbeats[heartbeats["rank"].between(0, topo.world_size - 1)]
+    dead = mine["alive"].astype(int) == 0
+    if "caught_up" in mine.columns:  # its last records may still be on the way
+        dead &= mine["caught_up"].astype(int) == 1
+    if not dead.any():
+        return 0.0
+    since = mine.loc[dead, "dead_since_ns"] if "dead_since_ns" in mine.columns else mine.loc[dead, "ts_ns"]
+    return (now_ns - int(since.min())) / 1e9
 
 
 def detect_mismatches(job: str, collectives: pd.DataFrame) -> list[Finding]:

@@ -54,6 +54,9 @@ def detect_heartbeat_loss(
             dead = dead[now_ns - dead["dead_since_ns"] >= min_dead_s * 1e9]
         if "caught_up" in dead.columns:
             dead = dead[dead["caught_up"].astype(int) == 1]
+        ranks_rows = latest[latest["rank"] >= 0]
+        if len(dead) and len(dead) == len(ranks_rows):
+            continue  # every rank exited: a finished job or a crash, which the hang analysis owns
         if not dead.empty:
             dr = sorted(int(r) for r in dead["rank"])
             out.append(Finding(
