@@ -84,7 +84,7 @@ def _flush_on_sigterm() -> None:
         while True:
             sig = r.recv(1)
             if sig and sig[0] in (signal.SIGTERM, signal.SIGINT):
-                hooks.shutdown(timeout_s=2.0)
+                hooks.shutdown(timeout_s=2.0, complete_step=False)
                 sys.stdout.flush()
                 os._exit(128 + sig[0])
 

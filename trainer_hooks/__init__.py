@@ -86,10 +86,18 @@ def init(job: str, rank: int, coords: Coords | dict | None = None, sink: Sink | 
     return rec
 
 
-def shutdown(timeout_s: float = 5.0) -> None:
-    """Close the open step, flush everything to the sink and stop recording."""
+def shutdown(timeout_s: float = 5.0, complete_step: bool = True) -> None:
+    """Flush everything to the sink and stop recording.
+
+    Args:
+        timeout_s: How long to wait for the background thread to finish writing.
+        complete_step: Record the open step as ended now (normal exit); ``False`` when
+            the process is being stopped mid-step (the step never completed).
+    """
     rec, state.recorder = state.recorder, None
     if rec is not None:
+        if not complete_step:
+            rec.step_open = None
         rec.close(timeout_s)
 
 
