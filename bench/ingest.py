@@ -184,18 +184,31 @@ def split_by_host(tables: dict[str, pa.Table], num_hosts: int, batch_rows: int) 
 # ---------------------------------------------------------------------------------------
 # runs
 # ---------------------------------------------------------------------------------------
-def run_baseline(tables: dict[str, pa.Table], path: Path) -> float:
+def _cpu_self() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _cpu_pid(pid: int) -> float:
+    """user + system CPU seconds of a process (and its threads) from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_baseline(tables: dict[str, pa.Table], path: Path) -> tuple[float, float]:
     from fleetscope.server.store import Store
 
     store = Store.open(f"chdb://{path}")
+    cpu0 = _cpu_self()
     t0 = time.perf_counter()
     for name, table in tables.items():
         # with a dedup token like the server's inserts (otherwise ClickHouse hashes
         # every block for deduplication, which would handicap the baseline)
         store.client.insert_arrow(name, table, settings={"insert_deduplication_token": f"raw-{name}"})
     elapsed = time.perf_counter() - t0
+    cpu = _cpu_self() - cpu0
     store.close()
-    return elapsed
+    return elapsed, cpu
 
 
 def free_port() -> int:
@@ -300,14 +313,16 @@ def main() -> int:
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fleetscope-bench-"))
     try:
-        base_s = run_baseline(tables, workdir / "raw")
+        base_s, base_cpu = run_baseline(tables, workdir / "raw")
         base_rate = total / base_s
-        print(f"(a) raw insert_arrow into chdb:      {base_rate:12,.0f} events/s  ({base_s:.2f} s)")
+        print(f"(a) raw insert_arrow into chdb:      {base_rate:12,.0f} events/s  ({base_s:.2f} s, {base_cpu:.2f} CPU-s)")
 
         port = free_port()
         proc = start_server(workdir, port)
         try:
+            srv_cpu0, cli_cpu0 = _cpu_pid(proc.pid), _cpu_self()
             srv_s = run_server(bodies, port, args.clients)
+            srv_cpu, cli_cpu = _cpu_pid(proc.pid) - srv_cpu0, _cpu_self() - cli_cpu0
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             c.request("GET", "/readyz")
             stats = json.loads(c.getresponse().read())["ingest"]
@@ -319,7 +334,11 @@ def main() -> int:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
         srv_rate = total / srv_s
-        print(f"(b) POST /api/v1/ingest (server):    {srv_rate:12,.0f} events/s  ({srv_s:.2f} s)")
+        print(
+            f"(b) POST /api/v1/ingest (server):    {srv_rate:12,.0f} events/s  ({srv_s:.2f} s, "
+            f"{srv_cpu:.2f} CPU-s server + {cli_cpu:.2f} CPU-s clients)"
+        )
+        print(f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (figures are wall-clock)")
         ratio = srv_rate / base_rate
         print(f"ratio server/raw: {ratio:.2f}  (targets: ratio >= {TARGET_RATIO}, server >= {TARGET_EVENTS_PER_S:,} events/s)")
 
