@@ -137,12 +137,22 @@ def _arg(args: tuple, kwargs: dict, spec: tuple | None, default: Any = None) -> 
     return kwargs.get(name, default)
 
 
+_DTYPES: dict[Any, str] = {}
+
+
+def _dtype(dtype: Any) -> str:
+    name = _DTYPES.get(dtype)
+    if name is None:
+        name = _DTYPES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
 def _payload(t: Any) -> tuple[int, str]:
     if t is None:
         return 0, ""
     if isinstance(t, (list, tuple)):
-        return sum(x.numel() * x.element_size() for x in t), (str(t[0].dtype)[6:] if t else "")
-    return t.numel() * t.element_size(), str(t.dtype)[6:]
+        return sum(x.numel() * x.element_size() for x in t), (_dtype(t[0].dtype) if t else "")
+    return t.numel() * t.element_size(), _dtype(t.dtype)
 
 
 def _peer(rec: Recorder, g: GroupInfo, args: tuple, kwargs: dict, spec: tuple) -> int:
