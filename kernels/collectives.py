@@ -167,6 +167,15 @@ def collective_probe(
     )
 
 
+def p2p_pairs(world: int, pattern: str) -> list[tuple[int, int]]:
+    """Ordered (sender, receiver) pairs of group ranks for a p2p ``pattern``."""
+    if pattern == "all":
+        return [(i, j) for i in range(world) for j in range(world) if i != j]
+    if pattern == "ring":
+        return sorted({(i, (i + 1) % world) for i in range(world) if world > 1})
+    raise ValueError(f"p2p pattern {pattern!r}; expected all or ring")
+
+
 def p2p_probe(
     *,
     nbytes: int,
@@ -174,7 +183,7 @@ def p2p_probe(
     device_model: str,
     devices: Sequence[str],
     budget_s: float,
-    both_directions: bool = True,
+    pattern: str = "all",
     group: Any = None,
     slowdown: float = 1.0,
     progress: Progress = quiet,
@@ -189,7 +198,8 @@ def p2p_probe(
         device_model: this rank's device model.
         devices: every rank's device name, indexed by group rank (for the records).
         budget_s: seconds for all pairs.
-        both_directions: measure i->j and j->i; otherwise only i->j for i < j.
+        pattern: ``all`` (every ordered pair i->j) or ``ring`` (i->i+1 mod n: every
+            device sends and receives once, n pairs instead of n(n-1)).
         group: process group (default: the world).
         slowdown: test-only fault injection factor (>= 1) on this rank.
         progress: progress sink.
@@ -204,7 +214,7 @@ def p2p_probe(
     world = dist.get_world_size(group)
     me = dist.get_rank(group)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
-    pairs = [(i, j) for i in range(world) for j in range(world) if i < j or (both_directions and i != j)]
+    pairs = p2p_pairs(world, pattern)
     buf = torch.ones(max(1, nbytes // 4), device=device)
     nbytes = buf.numel() * 4
 

@@ -39,8 +39,8 @@ class Plan:
     p2p_bytes: int
     p2p_budget_s: float
     """Seconds for all pairs together."""
-    p2p_both_directions: bool
-    """Measure i->j and j->i (full) or only i->j for i < j (quick)."""
+    p2p_pattern: str
+    """``all`` ordered pairs (full) or a ``ring`` i->i+1 (quick: n pairs, not n(n-1))."""
     group_timeout_s: float
     """Give up on a local process group that has not finished after this long."""
     membw_kernels: tuple[str, ...] = ("copy", "triad")
@@ -68,8 +68,8 @@ _GPU_QUICK = Plan(
     collective_sizes=(32 * MiB, 256 * MiB),
     collective_budget_s=2.0,
     p2p_bytes=64 * MiB,
-    p2p_budget_s=3.0,
-    p2p_both_directions=False,
+    p2p_budget_s=2.0,
+    p2p_pattern="ring",
     group_timeout_s=120.0,
 )
 _GPU_FULL = replace(
@@ -82,7 +82,7 @@ _GPU_FULL = replace(
     collective_budget_s=8.0,
     p2p_bytes=256 * MiB,
     p2p_budget_s=15.0,
-    p2p_both_directions=True,
+    p2p_pattern="all",
     group_timeout_s=600.0,
 )
 _CPU_QUICK = Plan(
@@ -98,7 +98,7 @@ _CPU_QUICK = Plan(
     collective_budget_s=1.0,
     p2p_bytes=4 * MiB,
     p2p_budget_s=1.0,
-    p2p_both_directions=False,
+    p2p_pattern="ring",
     group_timeout_s=120.0,
 )
 _CPU_FULL = replace(
@@ -110,7 +110,7 @@ _CPU_FULL = replace(
     collective_budget_s=5.0,
     p2p_bytes=16 * MiB,
     p2p_budget_s=4.0,
-    p2p_both_directions=True,
+    p2p_pattern="all",
     group_timeout_s=600.0,
 )
 

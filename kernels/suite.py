@@ -116,7 +116,7 @@ def group_probes(
             out.extend(p2p_probe(
                 nbytes=p.p2p_bytes, device=dev.device, device_model=dev.model,
                 devices=devices, budget_s=p.p2p_budget_s,
-                both_directions=p.p2p_both_directions, group=group,
+                pattern=p.p2p_pattern, group=group,
                 slowdown=opts.slowdown, progress=progress))
         except Exception as e:  # a broken link must not hide the other results
             progress(f"p2p {dev.device}: FAIL {type(e).__name__}: {e}")

@@ -15,7 +15,7 @@ TINY = replace(
     collective_budget_s=0.4,
     p2p_bytes=64 * KiB,
     p2p_budget_s=0.3,
-    p2p_both_directions=True,
+    p2p_pattern="all",
     group_timeout_s=60.0,
 )
 

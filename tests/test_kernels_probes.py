@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 from fleetscope.kernels import devices
-from fleetscope.kernels.collectives import bus_bandwidth_gbps
+from fleetscope.kernels.collectives import bus_bandwidth_gbps, p2p_pairs
 from fleetscope.kernels.matmul import matmul_probe
 from fleetscope.kernels.membw import membw_probe
 from fleetscope.kernels.numerics import BitFlip, mark_minority, numerics_probe
@@ -153,6 +153,14 @@ def test_bus_bandwidth_follows_nccl_tests():
     assert bus_bandwidth_gbps("allreduce", 10**9, 0.01, 1) == 0.0
     with pytest.raises(ValueError, match="'gather'"):
         bus_bandwidth_gbps("gather", 1, 1.0, 2)
+
+
+def test_p2p_pairs_ring_and_all():
+    assert p2p_pairs(4, "ring") == [(0, 1), (1, 2), (2, 3), (3, 0)]
+    assert p2p_pairs(2, "ring") == [(0, 1), (1, 0)]
+    assert len(p2p_pairs(8, "all")) == 56 and (7, 0) in p2p_pairs(8, "all")
+    with pytest.raises(ValueError, match="'star'"):
+        p2p_pairs(4, "star")
 
 
 def test_results_become_valid_probes_records():
