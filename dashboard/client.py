@@ -69,7 +69,7 @@ class ApiClient:
     """
 
     def __init__(
-        self, api_base: str | Callable[[], str], timeout_s: float = 15.0, token: str | None = None
+        self, api_base: str | Callable[[], str], timeout_s: float = 60.0, token: str | None = None
     ) -> None:
         if callable(api_base):
             self._resolve: Callable[[], str] | None = api_base
@@ -163,7 +163,7 @@ class ApiClient:
         return self.get(f"/incidents/{_q(str(incident_id))}")
 
     def incident_action(self, incident_id: str | int, action: str) -> ApiResult:
-        return self.request("POST", f"/incidents/{_q(str(incident_id))}/{action}", json={})
+        return self.request("POST", f"/incidents/{_q(str(incident_id))}/{action}", json={"by": "dashboard"})
 
     def alert_rules(self) -> ApiResult:
         return self.get("/alerts/rules")
@@ -176,6 +176,18 @@ class ApiClient:
 
     def delete(self, path: str) -> ApiResult:
         return self.request("DELETE", path)
+
+
+def items_of(data: Any, *keys: str) -> list[dict]:
+    """The list inside a list endpoint's answer: the body itself, or its ``items`` (or
+    one of ``keys``) field for paged answers such as ``{"total": 3, "items": [...]}``."""
+    if isinstance(data, list):
+        return data
+    if isinstance(data, dict):
+        for k in (*keys, "items"):
+            if isinstance(data.get(k), list):
+                return data[k]
+    return []
 
 
 def _q(segment: str) -> str:

@@ -22,7 +22,9 @@ STATE_SYMBOLS = {"slow": "diamond", "stuck": "x", "hung": "x", "dead": "square",
 MAX_PANEL_COLS = 4
 
 
-def build_grid(data: dict[str, Any], culprits: Sequence[int] = (), height: int | None = None) -> go.Figure:
+def build_grid(
+    data: dict[str, Any], culprits: Sequence[int] = (), height: int | None = None
+) -> go.Figure | dict[str, Any]:
     """Small-multiples figure of the ``/grid`` payload.
 
     Args:
@@ -57,6 +59,7 @@ def build_grid(data: dict[str, Any], culprits: Sequence[int] = (), height: int |
         by_stage[int(s)].append(i)
     wanted = set(int(r) for r in culprits) | set(int(r) for r in data.get("culprits") or [])
     label = data.get("score_label", "straggler score")
+    arrays: list[tuple[int, list, list, list]] = []
     for stage in range(pp):
         row, col = stage // n_cols + 1, stage % n_cols + 1
         z = [[None] * n_dp for _ in range(tp)]
@@ -68,11 +71,12 @@ def build_grid(data: dict[str, Any], culprits: Sequence[int] = (), height: int |
             ranks[t][d] = cells["rank"][i]
             rng = f"dp{d * dp_bucket}-{d * dp_bucket + dp_bucket - 1}" if dp_bucket > 1 else f"dp{d}"
             text[t][d] = f"rank {cells['rank'][i]} · pp{stage} {rng} tp{t} · {cells['state'][i]}"
+        arrays.append((len(fig.data), z, text, ranks))
         fig.add_trace(
             go.Heatmap(
-                z=z,
-                text=text,
-                customdata=ranks,
+                z=[[0]],
+                text=[[""]],
+                customdata=[[0]],
                 hovertemplate=f"%{{text}}<br>{label}: %{{z:.2f}}<extra></extra>",
                 colorscale=palette.SCALAR_COLORSCALE,
                 zmin=cmin,
@@ -98,12 +102,17 @@ def build_grid(data: dict[str, Any], culprits: Sequence[int] = (), height: int |
     for trace in grid_culprit_traces(meta, sorted(wanted)):
         fig.add_trace(trace)
     fig.update_layout(showlegend=False, meta=meta)
-    return base_layout(
+    base_layout(
         fig,
         height=height or max(260, 230 * n_rows),
         title=dict(text=f"topology DP {topo['dp']} × PP {pp} × TP {tp}", x=0.01, y=0.99, yanchor="top", font_size=14),
         margin=dict(l=10, r=10, t=70, b=30),
     )
+    # Cell arrays go in after validation of tiny placeholders (validation is slow).
+    out = fig.to_dict()
+    for idx, z, text, ranks in arrays:
+        out["data"][idx].update(z=z, text=text, customdata=ranks)
+    return out
 
 
 def grid_meta(data: dict[str, Any], overlay_start: int) -> dict[str, Any]:

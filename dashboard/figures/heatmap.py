@@ -25,11 +25,12 @@ def build_heatmap(
     culprits: Sequence[int] = (),
     selected: tuple[int, int] | None = None,
     height: int = 460,
-) -> go.Figure:
+) -> go.Figure | dict[str, Any]:
     """Heat-map figure for one metric of one job.
 
     Trace 0 is the heat-map, trace 1 always the culprit markers (possibly empty), so a
-    later update can replace the markers alone (see :func:`culprit_trace`).
+    later update can replace the markers alone (see :func:`culprit_trace`). Returned
+    as a figure dict (what ``dcc.Graph`` takes) when there is data.
 
     Args:
         data: the ``/heatmap`` payload (``z``, ``rank``, ``steps``, ``row_labels``,
@@ -56,12 +57,14 @@ def build_heatmap(
         f"%{{y}}<br>step %{{x}} · {what} %{{customdata}}"
         f"<br>{data.get('label', '')}: %{{z:.1f}} {unit}<extra></extra>"
     )
+    # Big arrays are put into the figure dict after plotly has validated a tiny
+    # placeholder: validating 50k cells costs seconds and adds nothing.
     fig = go.Figure(
         go.Heatmap(
-            z=z,
-            x=steps,
-            y=labels,
-            customdata=ranks_cells,
+            z=[[0]],
+            x=[steps[0]],
+            y=[labels[0]],
+            customdata=[[0]],
             hovertemplate=hover,
             colorscale=palette.SCALAR_COLORSCALE,
             colorbar=dict(title=dict(text=unit, side="right"), thickness=12),
@@ -75,9 +78,11 @@ def build_heatmap(
         type="category", tickvals=tickvals, ticktext=ticktext, autorange="reversed", showgrid=False
     )
     fig.update_xaxes(title="step", showgrid=False)
-    for i in range(1, len(labels)):  # pipeline stage separators
-        if row_pp[i] != row_pp[i - 1]:
-            fig.add_hline(y=i - 0.5, line=dict(color="white", width=2))
+    separators = [  # pipeline stage boundaries
+        dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=i - 0.5, y1=i - 0.5, line=dict(color="white", width=2))
+        for i in range(1, len(labels))
+        if row_pp[i] != row_pp[i - 1]
+    ]
     if selected is not None:
         _outline_selected(fig, selected, ranks_cells, steps, step_bucket)
     title = f"{data.get('label', data.get('metric', ''))} per rank and step"
@@ -86,9 +91,11 @@ def build_heatmap(
             f" — {data.get('agg', 'max')} of {data.get('row_bucket', 1)} ranks"
             f" × {step_bucket} steps per cell"
         )
-    return base_layout(
-        fig, height=height, title=dict(text=title, x=0.01, font_size=14), margin=dict(r=120, l=10, t=36, b=30)
-    )
+    base_layout(fig, height=height, title=dict(text=title, x=0.01, font_size=14), margin=dict(r=120, l=10, t=36, b=30))
+    out = fig.to_dict()
+    out["data"][0].update(z=z, x=steps, y=labels, customdata=ranks_cells)
+    out["layout"]["shapes"] = separators + list(out["layout"].get("shapes", []))
+    return out
 
 
 def heatmap_meta(data: dict[str, Any]) -> dict[str, Any]:

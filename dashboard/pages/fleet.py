@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dash
 from dash import Input, Output, dcc, html
-from fleetscope.dashboard.client import ApiClient
+from fleetscope.dashboard.client import ApiClient, items_of
 from fleetscope.dashboard.components import (
     card,
     message,
@@ -42,7 +42,7 @@ def register(app: dash.Dash, client: ApiClient) -> None:
             return message("no jobs yet: start one with `fleetscope train ... --server URL`")
         inc = client.incidents(status="open")
         open_by_job: dict[str, int] = {}
-        for i in inc.data if inc.ok and isinstance(inc.data, list) else []:
+        for i in items_of(inc.data):
             open_by_job[i.get("job", "")] = open_by_job.get(i.get("job", ""), 0) + 1
         rows = []
         for j in res.data[:500]:
@@ -69,7 +69,7 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         res = client.incidents(status="open")
         if not res.ok:
             return result_message(res, "incidents")
-        items = [i for i in res.data if i.get("status", "open") == "open"] if isinstance(res.data, list) else []
+        items = [i for i in items_of(res.data) if i.get("status", "open") == "open"]
         if not items:
             return message("no open incidents")
         return table(
@@ -87,7 +87,7 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         res = client.hosts()
         if not res.ok:
             return result_message(res, "host health")
-        items = res.data.get("hosts", []) if isinstance(res.data, dict) else res.data
+        items = items_of(res.data, "hosts")
         bad = [h for h in items or [] if str(h.get("status", h.get("state", "ok"))).lower() not in ("ok", "healthy")]
         if not bad:
             return message(f"all {len(items or [])} hosts healthy")

@@ -17,7 +17,7 @@ from fleetscope.dashboard.components import (
     table,
 )
 
-ACTIONS = {"ack": ("ack", "acknowledge"), "resolve": ("resolve",)}
+ACTIONS = {"ack": ("acknowledge", "ack"), "resolve": ("resolve",)}
 RULE_EXAMPLE = '{"name": "slow ranks", "kind": "slow_compute", "min_slowdown": 0.05, "severity": "warning"}'
 WEBHOOK_EXAMPLE = '{"name": "ops pager", "url": "https://hooks.example.com/fleetscope", "min_severity": "warning"}'
 

@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 import dash
 from dash import Input, Output, Patch, State, ctx, dcc, html, no_update
-from fleetscope.dashboard.client import ApiClient
+from fleetscope.dashboard.client import ApiClient, items_of
 from fleetscope.dashboard.components import (
     kpi,
     message,
@@ -23,6 +23,11 @@ from fleetscope.dashboard.figures.timeline import build_timeline
 from fleetscope.dashboard.figures.trends import build_hardware, build_trend
 from fleetscope.dashboard.pages.hang import hang_panel, normalise_hang
 
+ACTIVE = ("open", "acknowledged")
+HEATMAP_MAX_ROWS = 160
+"""About one row per 3 px of the 460 px heat-map; more rows are invisible anyway."""
+HEATMAP_MAX_COLS = 200
+GRID_MAX_CELLS = 4096
 STRAGGLER_KINDS = {"slow_compute", "slow_dataloader", "late_arrival", "gc_pause", "straggler"}
 
 
@@ -44,6 +49,17 @@ def timeline_params(sel: dict | None, ranks: str | None, from_step: int | None, 
     elif to_step is not None:
         params.update(from_step=max(to_step - 1, from_step or 0), to_step=to_step)
     return params
+
+
+def _ranks(item: dict) -> list[int]:
+    ranks = item.get("ranks") or []
+    if isinstance(ranks, str):
+        ranks = [int(x) for x in ranks.strip("[]").split(",") if x.strip().lstrip("-").isdigit()]
+    return [int(r) for r in ranks]
+
+
+def _is_straggler(item: dict) -> bool:
+    return str(item.get("kind", "")) in STRAGGLER_KINDS and bool(_ranks(item))
 
 
 def _diag_culprits(diag: dict | None) -> list[int]:
@@ -75,8 +91,8 @@ def register(app: dash.Dash, client: ApiClient) -> None:
             return result_message(res, f"job {job!r}")
         j = res.data
         t = j.get("topology") or {}
-        inc = client.incidents(job=job, status="open")
-        open_inc = [i for i in inc.data if i.get("job", job) == job and i.get("status", "open") == "open"] if inc.ok and isinstance(inc.data, list) else []
+        inc = client.incidents(job=job, status="active")
+        open_inc = [i for i in items_of(inc.data) if i.get("job", job) == job and i.get("status", "open") in ACTIVE]
         incidents = (
             [html.Span([severity_badge(i.get("severity", "warning")), i.get("summary", i.get("kind", ""))[:90]],
                        style={"display": "block"}) for i in open_inc[:4]]
@@ -94,11 +110,11 @@ def register(app: dash.Dash, client: ApiClient) -> None:
                         kpi("step", "-" if j.get("last_step") is None else str(j["last_step"])),
                         kpi("step time", fmt_ms(1000.0 / rate) if rate else "-"),
                         kpi("MFU", "-" if j.get("mfu") is None else f"{100 * j['mfu']:.1f}%"),
-                        kpi("open incidents", str(len(open_inc)) if inc.ok else "-", id="open-incident-count"),
+                        kpi("active incidents", str(len(open_inc)) if inc.ok else "-", id="open-incident-count"),
                     ],
                     className="fs-kpis",
                 ),
-                html.Div(incidents or [html.Span("no open incidents", className="fs-msg")]),
+                html.Div(incidents or [html.Span("no active incidents", className="fs-msg")]),
             ]
         )
 
@@ -107,19 +123,25 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         res = client.trend(job)
         return build_trend(res.data) if res.ok else _fig_error(res, "step-time trend", 200)
 
-    @app.callback(Output("diag", "data"), Input("tick", "data"), Input("job-id", "data"))
-    def diagnosis(_n, job):
+    # Diagnosis (and the timeline) load after the heat-map: the page is usable first,
+    # and the server's detectors never delay the heat-map of a large job.
+    @app.callback(Output("diag", "data"), Input("hm-meta", "data"), State("job-id", "data"))
+    def diagnosis(_meta, job):
         culprits: list[int] = []
         out: dict[str, Any] = {"ts": time.time()}
         s = client.stragglers(job)
         if s.ok:
-            items = s.data.get("stragglers", s.data.get("findings", [])) if isinstance(s.data, dict) else s.data
-            for f in items or []:
-                if str(f.get("kind", "straggler")) in STRAGGLER_KINDS and f.get("ranks"):
-                    culprits.append(int(f["ranks"][0]))
+            items = items_of(s.data, "stragglers", "findings")
+            culprits += [int(f["ranks"][0]) for f in items if _is_straggler(f)]
             out["stragglers"] = items
         else:
             out["stragglers_error"] = "not available" if s.not_available else s.error
+        # Open incidents keep a culprit marked after the detector's window moved on.
+        inc = client.incidents(job=job, status="active")
+        culprits += [
+            int(_ranks(i)[0]) for i in items_of(inc.data)
+            if i.get("job") == job and i.get("status", "open") in ACTIVE and _is_straggler(i)
+        ]
         h = client.hang(job)
         hang = normalise_hang(h.data) if h.ok else None
         if hang and hang.get("stalled"):
@@ -142,7 +164,8 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         State("diag", "data"),
     )
     def heatmap(metric, agg, from_step, to_step, _n, sel, job, diag):
-        res = client.heatmap(job, metric=metric, agg=agg, from_step=from_step, to_step=to_step)
+        res = client.heatmap(job, metric=metric, agg=agg, from_step=from_step, to_step=to_step,
+                             max_rows=HEATMAP_MAX_ROWS, max_cols=HEATMAP_MAX_COLS)
         if not res.ok:
             return _fig_error(res, "the heat-map", 460), {}
         selected = (sel["rank"], sel["step"]) if sel and sel.get("step") is not None else None
@@ -171,11 +194,11 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         State("diag", "data"),
     )
     def grid(_n, job, diag):
-        res = client.grid(job)
+        res = client.grid(job, max_cells=GRID_MAX_CELLS)
         if not res.ok:
             return _fig_error(res, "the topology grid", 460), {}, None
         fig = build_grid(res.data, _diag_culprits(diag))
-        meta = dict(fig.layout.meta or {})
+        meta = dict((fig.get("layout", {}) if isinstance(fig, dict) else fig.layout.to_plotly_json()).get("meta") or {})
         meta["ts"] = time.time()
         return fig, meta, {"topology": res.data["topology"], "ranks": res.data.get("ranks", [])}
 
@@ -227,11 +250,11 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         Input("ranks", "value"),
         Input("from-step", "value"),
         Input("to-step", "value"),
-        Input("tick", "data"),
+        Input("hm-meta", "data"),
         State("job-id", "data"),
     )
-    def timeline(sel, ranks, from_step, to_step, n, job):
-        if ctx.triggered_id == "tick" and (sel or {}).get("step") is not None:
+    def timeline(sel, ranks, from_step, to_step, _meta, job):
+        if ctx.triggered_id == "hm-meta" and (sel or {}).get("step") is not None:
             return no_update  # a pinned step does not change with time
         res = client.timeline(job, **timeline_params(sel, ranks, from_step, to_step))
         return build_timeline(res.data) if res.ok else _fig_error(res, "the timeline", 320)

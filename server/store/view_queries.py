@@ -83,7 +83,25 @@ FROM (SELECT step, rank, v, {disp} AS disp FROM ({inner}))
 GROUP BY row, col
 """
 
-_ROLLUP_VALUES = "SELECT step, rank, {expr} AS v FROM (" + _ROLLUP_PER_RANK_STEP + ")"
+_ROLLUP_SUMS = (
+    "compute_ns", "dataloader_ns", "optimizer_ns", "other_ns", "comm_ns", "comm_dp_ns", "comm_tp_ns", "comm_pp_ns",
+)  # fmt: skip
+_ROLLUP_VALUES = """
+SELECT step, rank, {expr} AS v FROM (
+  SELECT step, rank, {cols}
+  FROM step_rollup
+  WHERE job = {job:String} AND attempt = {attempt:Int32}
+    AND step >= {from_step:Int64} AND step <= {to_step:Int64} AND rank >= 0 AND rank < {world:Int32}
+  GROUP BY step, rank)
+"""
+
+
+def _rollup_values(expr: str) -> str:
+    """Per-(step, rank) values of ``expr``, re-aggregating only the columns it uses."""
+    cols = [f"sum({c}) AS {c}" for c in _ROLLUP_SUMS if c in expr]
+    if "step_ns" in expr.replace("comm_dp_ns", "").replace("comm_tp_ns", "").replace("comm_pp_ns", ""):
+        cols.append("max(step_ns) AS step_ns")
+    return _ROLLUP_VALUES.replace("{expr}", expr).replace("{cols}", ", ".join(cols))
 
 _METRIC_VALUES = """
 SELECT rank, {steps:Array(Int64)}[arrayCount(x -> x <= ts_ns, {starts:Array(Int64)})] AS step, avg(value) AS v
@@ -122,12 +140,11 @@ SELECT name FROM metrics WHERE job = {job:String} AND name IN {names:Array(Strin
 """
 
 TREND = f"""
-SELECT step, quantileExact(0.5)(v) AS median_ns, max(v) AS max_ns, count() AS num_ranks
-FROM (SELECT step, rank, if(max(step_ns) > 0, max(step_ns), sum(compute_ns) + sum(dataloader_ns)
-        + sum(optimizer_ns) + sum(other_ns) + sum(comm_ns)) AS v
+SELECT step, quantile(0.5)(v) AS median_ns, max(v) AS max_ns, count() AS num_ranks
+FROM (SELECT step, rank, max(step_ns) AS v
       FROM {ROLLUP_TABLE}
       WHERE job = {{job:String}} AND attempt = {{attempt:Int32}}
-        AND step >= {{from_step:Int64}} AND step <= {{to_step:Int64}}
+        AND step >= {{from_step:Int64}} AND step <= {{to_step:Int64}} AND step_ns > 0
       GROUP BY step, rank)
 GROUP BY step ORDER BY step
 """
@@ -258,7 +275,7 @@ def heatmap_cells(
         **topology_params(topo),
     }
     if metric.sql:
-        inner = _ROLLUP_VALUES.replace("{expr}", metric.sql)
+        inner = _rollup_values(metric.sql)
     else:
         bounds = store.query_df(STEP_BOUNDS, params)
         name = metric_name_present(store, job, metric)

@@ -28,11 +28,14 @@ def stage_relative_scores(topo: Topology, own_ns: dict[int, float]) -> dict[int,
             by_stage.setdefault(topo.stage(r), []).append((r, float(v)))
     scores: dict[int, float] = {}
     for members in by_stage.values():
+        ranks = np.array([r for r, _ in members])
         vals = np.array([v for _, v in members])
-        for i, (r, v) in enumerate(members):
-            others = np.delete(vals, i) if len(vals) > 1 else vals
-            ref = float(np.median(others))
-            scores[r] = round(v / ref, 4) if ref > 0 else 1.0
+        if len(vals) <= 64:  # small stage: exclude the rank itself from its reference
+            ref = np.array([np.median(np.delete(vals, i)) if len(vals) > 1 else vals[0] for i in range(len(vals))])
+        else:  # one rank barely moves the median of many
+            ref = np.full(len(vals), np.median(vals))
+        ratio = np.where(ref > 0, vals / np.where(ref > 0, ref, 1.0), 1.0)
+        scores.update(zip(ranks.tolist(), np.round(ratio, 4).tolist()))
     return scores
 
 

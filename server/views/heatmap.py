@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from fleetscope.topology import Topology
@@ -31,9 +32,20 @@ def step_bucket_size(num_steps: int, max_cols: int) -> int:
     return max(1, math.ceil(num_steps / max(1, max_cols)))
 
 
-def _span(values: list[int], axis: str) -> str:
-    lo, hi = min(values), max(values)
+def _span(lo: int, hi: int, axis: str) -> str:
     return f"{axis}{lo}" if lo == hi else f"{axis}{lo}-{hi}"
+
+
+def display_coords(topo: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(pp, dp, tp, rank) of every display position: ranks sorted by (pp, dp, tp)."""
+    pos = np.arange(topo.world_size)
+    pp, dp, tp = pos // (topo.dp * topo.tp), (pos // topo.tp) % topo.dp, pos % topo.tp
+    stride, strides = 1, {}
+    for axis in topo.axes_fastest_first:
+        strides[axis] = stride
+        stride *= topo.size(axis)
+    rank = pp * strides["pp"] + dp * strides["dp"] + tp * strides["tp"]
+    return pp, dp, tp, rank
 
 
 def row_labels(topo: Topology, row_bucket: int) -> tuple[list[str], list[int], list[list[int]]]:
@@ -42,45 +54,38 @@ def row_labels(topo: Topology, row_bucket: int) -> tuple[list[str], list[int], l
     With one rank per row the label is ``r5 pp1 dp0 tp1``; a bucket reads
     ``pp0 dp0-5 tp0-7`` (its coordinate ranges).
     """
-    order = topo.display_order()
+    pp, dp, tp, rank = display_coords(topo)
     labels, stages, spans = [], [], []
-    for start in range(0, len(order), row_bucket):
-        members = order[start : start + row_bucket]
-        coords = [topo.coords(r) for r in members]
-        if len(members) == 1:
-            labels.append(topo.label(members[0]))
+    for start in range(0, topo.world_size, row_bucket):
+        sl = slice(start, min(start + row_bucket, topo.world_size))
+        if sl.stop - sl.start == 1:
+            labels.append(topo.label(int(rank[start])))
         else:
             labels.append(
-                " ".join(
-                    (
-                        _span([c.pp for c in coords], "pp"),
-                        _span([c.dp for c in coords], "dp"),
-                        _span([c.tp for c in coords], "tp"),
-                    )
-                )
+                f"{_span(pp[sl].min(), pp[sl].max(), 'pp')} {_span(dp[sl].min(), dp[sl].max(), 'dp')} "
+                f"{_span(tp[sl].min(), tp[sl].max(), 'tp')}"
             )
-        stages.append(coords[0].pp)
-        spans.append([members[0], members[-1]])
+        stages.append(int(pp[start]))
+        spans.append([int(rank[start]), int(rank[sl.stop - 1])])
     return labels, stages, spans
 
 
 def cell_matrix(
-    cells: pd.DataFrame, num_rows: int, num_cols: int
+    cells: pd.DataFrame | None, num_rows: int, num_cols: int
 ) -> tuple[list[list[float | None]], list[list[int | None]]]:
     """Dense ``z`` (value, ``None`` where empty) and ``rank`` (worst rank) matrices."""
-    z: list[list[float | None]] = [[None] * num_cols for _ in range(num_rows)]
-    ranks: list[list[int | None]] = [[None] * num_cols for _ in range(num_rows)]
+    z = np.full((num_rows, num_cols), np.nan)
+    worst = np.full((num_rows, num_cols), -1, dtype=np.int64)
     if cells is not None and not cells.empty:
-        rows = cells["row"].to_numpy()
-        cols = cells["col"].to_numpy()
-        vals = cells["value"].to_numpy(dtype=float)
-        worst = cells["worst_rank"].to_numpy()
-        for r, c, v, w in zip(rows, cols, vals, worst):
-            r, c = int(r), int(c)
-            if 0 <= r < num_rows and 0 <= c < num_cols and v == v:
-                z[r][c] = round(float(v), 3)
-                ranks[r][c] = int(w)
-    return z, ranks
+        r = cells["row"].to_numpy(dtype=np.int64)
+        c = cells["col"].to_numpy(dtype=np.int64)
+        ok = (r >= 0) & (r < num_rows) & (c >= 0) & (c < num_cols)
+        z[r[ok], c[ok]] = np.round(cells["value"].to_numpy(dtype=float)[ok], 3)
+        worst[r[ok], c[ok]] = cells["worst_rank"].to_numpy(dtype=np.int64)[ok]
+    empty = np.isnan(z)
+    z_out = np.where(empty, None, z).tolist()
+    rank_out = np.where(empty, None, worst.astype(object)).tolist()
+    return z_out, rank_out
 
 
 def heatmap_payload(

@@ -1,0 +1,194 @@
+"""The dashboard in real headless Chromium against a real server and a real 8-rank job
+with an injected straggler and hang (see ``reference_job.py``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.browser import reference_job
+from tests.browser.conftest import full_page_screenshot, screenshot
+from tests.helpers.server import running_server
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+JOB = reference_job.JOB
+
+# Plotly keeps the figure on the graph div: read it instead of guessing from pixels.
+TRACES_JS = """
+const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+if (!gd || !gd.data) return null;
+return gd.data.map(t => ({type: t.type, name: t.name || '', text: t.text || null,
+                          y: (t.type === 'heatmap') ? null : (t.y || null),
+                          base: t.base || null}));
+"""
+
+
+def wait_for(driver, fn, timeout_s: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except Exception as e:  # the page may be mid-render
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def traces(driver, graph_id: str):
+    return driver.execute_script(TRACES_JS, graph_id)
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory) -> Iterator[reference_job.ReferenceJob]:
+    workdir = tmp_path_factory.mktemp("dashboard-browser")
+    with running_server(workdir, **reference_job.SERVER_SETTINGS) as url:
+        rj = reference_job.launch(url, workdir)
+        try:
+            yield rj
+        finally:
+            rj.stop()
+
+
+def open_job(browser, scenario, query: str = "") -> None:
+    browser.get(f"{scenario.url}/ui/jobs/{JOB}{query}")
+    wait_for(browser, lambda: any(t["type"] == "heatmap" for t in traces(browser, "heatmap") or []),
+             what="the heat-map to render")  # fmt: skip
+
+
+def test_job_page_marks_straggler_in_heatmap_and_grid(browser, scenario):
+    open_job(browser, scenario)
+
+    def culprit_text(graph: str) -> str:
+        return " ".join(
+            " ".join(t["text"] or []) if isinstance(t["text"], list) else str(t["text"] or "")
+            for t in traces(browser, graph) or []
+            if "culprit" in t["name"]
+        )
+
+    hm = wait_for(browser, lambda: f"r{reference_job.STRAGGLER}" in culprit_text("heatmap") and culprit_text("heatmap"),
+                  what="the straggler marker in the heat-map")  # fmt: skip
+    grid = wait_for(browser, lambda: f"r{reference_job.STRAGGLER}" in culprit_text("grid").split() and culprit_text("grid"),
+                    what="the straggler ring in the grid")  # fmt: skip
+    assert f"r{reference_job.STRAGGLER}" in hm
+    assert f"r{reference_job.STRAGGLER}" in grid.split()
+    header = browser.find_element("id", "job-header").text
+    assert "DP 2 × PP 2 × TP 2" in header
+    full_page_screenshot(browser, "job_page")
+    screenshot(browser, "job_page_viewport")
+
+
+def test_timeline_shows_rank_lanes_with_1f1b(browser, scenario):
+    open_job(browser, scenario, f"?step={reference_job.HANG_STEP - 2}&rank=0")
+    tl = wait_for(browser, lambda: [t for t in traces(browser, "timeline") or [] if t["name"] in ("forward", "backward")],
+                  what="forward/backward bars in the timeline")  # fmt: skip
+    lanes = browser.execute_script(
+        "const gd = document.querySelector('#timeline .js-plotly-plot'); return gd.layout.yaxis.ticktext;"
+    )
+    assert any(lane.startswith("r0 pp0") for lane in lanes) and any(lane.startswith("r4 pp1") for lane in lanes)
+    # 1F1B on the first stage: a backward starts before the last forward (GPipe would
+    # run every forward first). Bars are per (rank lane); lane 0 is rank 0's compute lane.
+    spans = []
+    for t in tl:
+        for y, base, text in zip(t["y"], t["base"], t["text"]):
+            if y == 0:
+                spans.append((base, text))
+    labels = [text for _, text in sorted(spans)]
+    fwd = [i for i, lab in enumerate(labels) if lab.startswith("F")]
+    bwd = [i for i, lab in enumerate(labels) if lab.startswith("B")]
+    assert len(fwd) >= 4 and len(bwd) >= 4, labels
+    assert min(bwd) < max(fwd), f"no 1F1B interleaving on rank 0: {labels}"
+    el = browser.find_element("id", "timeline")
+    browser.execute_script("arguments[0].scrollIntoView()", el)
+    el.screenshot(str(screenshot(browser, "timeline_page").with_name("timeline.png")))
+
+
+def test_hang_view_names_the_culprit(browser, scenario):
+    open_job(browser, scenario)
+    culprit = wait_for(browser, lambda: browser.find_element("id", "hang-culprit").text,
+                       what="the hang culprit")  # fmt: skip
+    assert f"rank {reference_job.HANG_RANK} " in culprit + " "
+    chain = browser.find_element("id", "hang-chain").text
+    assert f"waits on rank {reference_job.HANG_RANK}" in chain
+    progress = browser.find_element("id", "hang-progress").text
+    assert "seq reached" in progress and "heartbeat" in progress
+    card = browser.find_element("id", "hang-card")
+    browser.execute_script("arguments[0].scrollIntoView()", card)
+    card.screenshot(str(screenshot(browser, "hang_page").with_name("hang_view.png")))
+
+
+def test_clicking_a_heatmap_cell_opens_that_rank(browser, scenario):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    open_job(browser, scenario)
+    target = reference_job.STRAGGLER
+    # Pixel position of the (rank 5, step 6) cell from plotly's own axis mapping.
+    pos = wait_for(browser, lambda: browser.execute_script(
+        """
+        const gd = document.querySelector('#heatmap .js-plotly-plot');
+        const fl = gd._fullLayout; const hm = gd.data[0];
+        const row = hm.y.findIndex(l => l.startsWith('r' + arguments[0] + ' '));
+        if (row < 0) return null;
+        const step = hm.x[Math.min(6, hm.x.length - 1)];
+        const box = gd.getBoundingClientRect();
+        return {x: fl._size.l + fl.xaxis.d2p(step), y: fl._size.t + fl.yaxis.d2p(hm.y[row]),
+                w: box.width, h: box.height, step: step};
+        """, target), what="the heat-map cell position")  # fmt: skip
+    plot = browser.find_element("css selector", "#heatmap .js-plotly-plot")
+    browser.execute_script("arguments[0].scrollIntoView()", plot)
+    ActionChains(browser).move_to_element_with_offset(
+        plot, int(pos["x"] - pos["w"] / 2), int(pos["y"] - pos["h"] / 2)
+    ).click().perform()
+    sel = wait_for(browser, lambda: browser.find_element("id", "selected-rank").text == f"rank {target}",
+                   what="the selected rank panel")  # fmt: skip
+    assert sel
+    assert f"rank={target}" in browser.current_url and f"step={pos['step']}" in browser.current_url
+    # The timeline follows the selection: the pipeline chain through rank 5.
+    wait_for(browser, lambda: any(lane.startswith(f"r{target} ") for lane in browser.execute_script(
+        "const gd = document.querySelector('#timeline .js-plotly-plot'); return gd.layout.yaxis.ticktext || [];")),
+        what="the timeline to show the selected rank")  # fmt: skip
+    full_page_screenshot(browser, "rank_selected")
+    # The deep link reopens the same view.
+    browser.get(browser.current_url)
+    wait_for(browser, lambda: browser.find_element("id", "selected-rank").text == f"rank {target}",
+             what="the deep link to restore the selection")  # fmt: skip
+
+
+def test_fleet_page_lists_the_job(browser, scenario):
+    browser.get(f"{scenario.url}/ui/")
+    row = wait_for(browser, lambda: JOB in browser.find_element("id", "fleet-jobs").text
+                   and browser.find_element("id", "fleet-jobs").text, what="the job row")  # fmt: skip
+    assert "DP 2 × PP 2 × TP 2" in row
+    wait_for(browser, lambda: "hang" in browser.find_element("id", "fleet-incidents").text.lower()
+             or "no step completed" in browser.find_element("id", "fleet-incidents").text,
+             what="the open hang incident on the fleet page")  # fmt: skip
+    full_page_screenshot(browser, "fleet")
+
+
+def test_incident_page_acknowledges_an_incident(browser, scenario):
+    api = f"{scenario.url}/api/v1"
+    items = httpx.get(f"{api}/incidents", params={"job": JOB, "status": "open"}, timeout=10).json()["items"]
+    assert items, "no open incident to acknowledge"
+    iid = str(items[0]["id"])
+    browser.get(f"{scenario.url}/ui/incidents")
+    wait_for(browser, lambda: browser.find_element("id", "incident-table"), what="the incident table")
+    full_page_screenshot(browser, "incidents")
+    button = wait_for(browser, lambda: browser.find_element(
+        "xpath", f"//button[contains(@id, '\"id\":\"{iid}\"') and contains(@id, 'ack')]"),
+        what="the acknowledge button")  # fmt: skip
+    button.click()
+    wait_for(browser, lambda: "acknowledged" in browser.find_element("id", "action-ok").text,
+             what="the acknowledgement message")  # fmt: skip
+    status = httpx.get(f"{api}/incidents/{iid}", timeout=10).json()["status"]
+    assert status == "acknowledged"
+    browser.get(f"{scenario.url}/ui/incidents/{iid}")
+    detail = wait_for(browser, lambda: browser.find_element("id", "incident-summary").text,
+                      what="the incident detail")  # fmt: skip
+    assert detail
+    full_page_screenshot(browser, "incident_detail")
