@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import math
+import time
 
 import httpx
 import pyarrow as pa
@@ -204,17 +205,29 @@ def test_jobs_and_hand_checked_steps(client):
 
 @pytest.mark.slow
 def test_round_trip_every_type_arrow_and_json_survives_restart(tmp_path):
-    """Every record type, both wire formats, values back exactly, and still there after
-    a restart (SIGTERM, then a new process on the same directories)."""
+    """Every record type, both wire formats, values back exactly, 429 + Retry-After on a
+    full queue, and the data still there after a restart (SIGTERM, then a new process
+    on the same directories)."""
     from fleetscope.server.store import Store
 
     t0 = now_ns()
     arrow_batch, json_batch = sample_batch(4, job="rt-arrow", t0_ns=t0), sample_batch(3, job="rt-json", t0_ns=t0)
-    with running_server(tmp_path) as url:
+    # a small queue and a long linger make backpressure deterministic (checked at the end)
+    with running_server(tmp_path, max_queue_rows=1000, coalesce_linger_ms=600) as url:
         r = httpx.post(f"{url.api}/ingest", content=codec.encode_batch(arrow_batch), headers=ARROW)
         assert r.status_code == 200 and r.json()["rows"] == {n: 4 for n in RECORD_TYPES}
         r = httpx.post(f"{url.api}/ingest", content=codec.encode_json(json_batch), headers={"Content-Type": "application/json"})
         assert r.status_code == 200 and r.json()["rows"] == {n: 3 for n in RECORD_TYPES}
+
+        big = codec.encode_batch({"metrics": sample_rows("metrics", 800, job="bp")})
+        with cf.ThreadPoolExecutor(2) as ex:
+            first = ex.submit(httpx.post, f"{url.api}/ingest", content=big, headers=ARROW, timeout=30)
+            while httpx.get(f"{url.api}/store/stats").json()["queued_rows"] < 800:
+                time.sleep(0.02)  # until the first batch is queued (lingering)
+            second = httpx.post(f"{url.api}/ingest", content=big, headers=ARROW, timeout=30)
+            assert second.status_code == 429 and int(second.headers["Retry-After"]) >= 1
+            assert "queue full" in second.json()["detail"]
+            assert first.result().status_code == 200
         url.process.stop()
         store = Store.open(f"chdb://{tmp_path / 'store'}", migrate_schema=False)
         try:
@@ -238,4 +251,4 @@ def test_round_trip_every_type_arrow_and_json_survives_restart(tmp_path):
         jobs = {j["id"] for j in httpx.get(f"{url.api}/jobs").json()}
         assert {"rt-arrow", "rt-json"} <= jobs
         stats = httpx.get(f"{url.api}/store/stats").json()["rows"]
-        assert all(stats[n] == 7 for n in RECORD_TYPES)
+        assert all(stats[n] == (807 if n == "metrics" else 7) for n in RECORD_TYPES)
