@@ -248,9 +248,12 @@ def test_mfu_drop_attributed_to_launch_skew():
 def test_heartbeat_loss_and_dead_process():
     hb = pd.concat([_hb(dead=(5,)), pd.DataFrame([{"rank": -1, "host": "h2", "ts_ns": NOW - 60 * 10**9,
                                                    "alive": 1, "pid": -1}])])
-    fs = detect_heartbeat_loss("j", hb, NOW)
+    fs = detect_heartbeat_loss("j", hb, NOW, host_data_ns={"h0": NOW, "h1": NOW, "h2": NOW})
     by_host = {f.hosts[0]: f for f in fs}
     assert set(by_host) == {"h1", "h2"} and by_host["h1"].ranks == (5,)
+    # everything from h2 is equally late: ingest lag, not a lost agent
+    lagging = detect_heartbeat_loss("j", hb, NOW, host_data_ns={"h2": NOW - 55 * 10**9})
+    assert {f.hosts[0] for f in lagging} == {"h1"}
 
 
 def test_hardware_errors_joined_to_ranks():

@@ -97,7 +97,11 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
         hang_finding = replace(hang_finding, hosts=tuple(sorted({hosts[r] for r in hang_finding.ranks if r in hosts})))
         findings.insert(0, hang_finding)
     if running:
-        lost = detect_heartbeat_loss(info.job, frames.heartbeats, now_ns, config.hang.heartbeat_stale_s)
+        host_data = {}
+        if not frames.steps.empty:
+            host_data = {str(h): int(t) for h, t in frames.steps.groupby("host")["end_ns"].max().items()}
+        lost = detect_heartbeat_loss(info.job, frames.heartbeats, now_ns, config.hang.heartbeat_stale_s,
+                                     host_data_ns=host_data)
         if hang_finding is not None:  # already in the hang incident's evidence
             hang_finding.evidence["heartbeat_lost"] = [f.summary for f in lost]
             lost = []

@@ -59,7 +59,7 @@ class StragglerConfig:
     """Smallest relative excess of a rank's own work reported (3%)."""
     persist_frac: float = 0.75
     """Fraction of recent steps that must show the excess."""
-    spike_z: float = 6.0
+    spike_z: float = 4.0
     """A GC-like spike is this many sigmas above the reference..."""
     spike_min_effect: float = 0.15
     """...and at least this much relative excess."""
