@@ -187,6 +187,9 @@ def test_jobs_and_hand_checked_steps(client):
     assert client.get("/jobs/nope").status_code == 404
 
     rows = client.get("/jobs/hand/steps", params={"from_step": 1, "to_step": 2}).json()["rows"]
+    from fleetscope.server.api.models import StepRow
+
+    assert all(set(r) == set(StepRow.model_fields) for r in rows)  # the documented model
     got = {(r["step"], r["rank"]): r for r in rows}
     for (step, rank), e in EXPECTED.items():
         r = got[(step, rank)]
