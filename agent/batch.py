@@ -7,6 +7,7 @@ travel under the same key, whichever agent process sends them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections.abc import Iterable
@@ -41,6 +42,8 @@ class Batch:
     frames: list[Decoded]
     bad: list[tuple[ReadFrame, str]] = field(default_factory=list)
     """Frames skipped while building: (frame, reason) for corrupt or invalid ones."""
+    body: bytes | None = None
+    """The encoded request body, once :meth:`encode` ran."""
 
     @property
     def key(self) -> str:
@@ -65,7 +68,12 @@ class Batch:
         return out
 
     def encode(self, compression: str | None) -> bytes:
-        """The request body: one Arrow frame per record type (codec wire format)."""
+        """The request body: one Arrow frame per record type (codec wire format); cached."""
+        if self.body is None:
+            self.body = self._encode(compression)
+        return self.body
+
+    def _encode(self, compression: str | None) -> bytes:
         groups: dict[str, list[pa.Table]] = {}
         for d in self.frames:
             groups.setdefault(d.record, []).append(d.table)
@@ -123,11 +131,18 @@ def decode_frame(fr: ReadFrame) -> tuple[Decoded | None, str]:
     rt = RECORD_TYPES.get(name)
     if rt is None:
         return None, f"unknown record type {name!r} in schema metadata"
-    try:
-        table = codec.conform(rt, table)
-    except codec.BatchError as e:
-        return None, f"invalid {name} table: {e}"
+    if not (table.schema.equals(_canonical_schema(name), check_metadata=False)
+            and not any(c.null_count for c in table.columns)):
+        try:  # not already canonical (e.g. an older writer): full check and cast
+            table = codec.conform(rt, table)
+        except codec.BatchError as e:
+            return None, f"invalid {name} table: {e}"
     return Decoded(fr, name, table), ""
+
+
+@functools.cache
+def _canonical_schema(name: str) -> pa.Schema:
+    return RECORD_TYPES[name].arrow_schema()
 
 
 def build_batch(host: str, frames: list[ReadFrame], ranks: RankRegistry | None) -> Batch:
@@ -182,16 +197,15 @@ def _fill_host(table: pa.Table, host: str) -> pa.Table:
 
 
 def _observe(ranks: RankRegistry, seg: Segment, d: Decoded) -> None:
+    """Liveness facts from a frame's last row (rows are appended in time order): O(1)."""
     rt = RECORD_TYPES[d.record]
     t = d.table
-    last_ns = max(int(pc.max(t.column(c)).as_py()) for c in rt.time_columns)
-    last_step = -1
-    if d.record == "steps":
-        last_step = int(pc.max(t.column("step")).as_py())
+    last = t.num_rows - 1
+    last_ns = max(t.column(c)[last].as_py() for c in rt.time_columns)
+    last_step = t.column("step")[last].as_py() if d.record == "steps" else -1
     inflight = None
     if d.record == "inflight":
-        i = int(pc.index(t.column("ts_ns"), pc.max(t.column("ts_ns"))).as_py())
-        row = {c: t.column(c)[i].as_py() for c in ("ts_ns", "kind", "op", "group_id", "seq", "peer")}
+        row = {c: t.column(c)[last].as_py() for c in ("ts_ns", "kind", "op", "group_id", "seq", "peer")}
         inflight = (row["ts_ns"], describe_inflight(row["kind"], row["op"], row["group_id"],
                                                     row["seq"], row["peer"]))
     ranks.observe(seg.job, seg.rank, seg.path.parent, d.record, last_ns, last_step, inflight)

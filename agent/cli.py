@@ -88,6 +88,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also export metrics via OTLP/HTTP, e.g. http://otel:4318/v1/metrics")
     g.add_argument("--proc-root", default="/proc", metavar="DIR", help="procfs root (default /proc)")
     g.add_argument("--sys-root", default="/sys", metavar="DIR", help="sysfs root (default /sys)")
+    p.add_argument("--drain-timeout", type=float, default=5.0, metavar="S",
+                   help="on SIGTERM/SIGINT, ship what is on disk for up to S seconds before "
+                        "exiting; a second signal exits at once (default 5)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="agent log verbosity (default INFO)")
     p.set_defaults(func=run)
@@ -136,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     agent = Agent(cfg)
 
     def _stop(signum, frame):
-        agent.stop()
+        agent.drain_and_stop(args.drain_timeout)  # a second signal stops at once
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)

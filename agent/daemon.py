@@ -90,16 +90,18 @@ class Agent:
         if self.gpu is not None:
             self.meters.add(GPU_METRICS, self._gpu_readings)
         self.scanner = LogScanner(self.outbox, self.offsets, cfg.host, cfg.spool, cfg.logs, cfg.job)
+        self.heartbeats = Heartbeats(self.outbox, cfg.host, cfg.server, self.ranks,
+                                     lambda: self.gpu.num_gpus if self.gpu else 0,
+                                     self.stop_event, cfg.heartbeat_s)
         self.threads: list[threading.Thread] = [
-            Heartbeats(self.outbox, cfg.host, cfg.server, self.ranks,
-                       lambda: self.gpu.num_gpus if self.gpu else 0, self.stop_event,
-                       cfg.heartbeat_s),
+            self.heartbeats,
             LogScanThread(self.scanner, self.stop_event),
             threading.Thread(target=self._clock_loop, name="fleetscope-clock", daemon=True),
         ]
         if self.gpu is not None:
             self.threads.append(XidWatcher(self.gpu, self._on_xid, self.stop_event))
         self._clock_ready = threading.Event()
+        self._draining = False
 
     # -- run/stop ----------------------------------------------------------------------
     def run(self) -> None:
@@ -121,7 +123,29 @@ class Agent:
             self.transport.close()
 
     def stop(self) -> None:
+        """Stop now; unshipped data stays in the spool for the next start."""
         self.stop_event.set()
+
+    def drain_and_stop(self, timeout_s: float = 5.0) -> None:
+        """Write a last heartbeat and metrics, ship everything on disk, then stop.
+
+        Returns at once; :meth:`run` returns when done (at the latest after ``timeout_s``).
+        A second call stops at once.
+        """
+        if self._draining:
+            self.stop()
+            return
+        self._draining = True
+
+        def _final() -> None:
+            try:
+                self.meters.flush()
+                self.heartbeats.beat()
+            except Exception as e:
+                log.debug("final metrics/heartbeat: %s", e)
+            self.shipper.drain(timeout_s)
+
+        threading.Thread(target=_final, name="fleetscope-drain", daemon=True).start()
 
     # -- threads -------------------------------------------------------------------------
     def _clock_loop(self) -> None:

@@ -116,7 +116,7 @@ class LogScanner:
             st.partial = lines.pop()[-MAX_LINE:]
             for raw in lines:
                 self._line(st, raw[:MAX_LINE].decode("utf-8", "replace").rstrip("\r"), events)
-        events += self._flush(st)
+        events += self._flush(st, by_time=True)
         if events:
             self.outbox.write("log_events", events)
             self.num_events += len(events)
@@ -147,7 +147,7 @@ class LogScanner:
             row = self._row(st, p.kind, p.severity, line.strip(), "\n".join(st.before))
             st.pending.append(_Pending(row))
         st.before.append(line)
-        events += self._flush(st)
+        events += self._flush(st, by_time=False)
 
     def _end_traceback(self, st: _FileState, last: str) -> dict[str, Any]:
         """One event for a traceback: kind of the exception line if it matches, else traceback."""
@@ -158,12 +158,13 @@ class LogScanner:
         st.traceback = None
         return row
 
-    def _flush(self, st: _FileState) -> list[dict[str, Any]]:
-        """Events whose after-context is complete (or waited ``flush_after_s``)."""
+    def _flush(self, st: _FileState, by_time: bool) -> list[dict[str, Any]]:
+        """Events whose after-context is complete (or, ``by_time``, waited ``flush_after_s``)."""
         out, keep = [], []
         now = time.monotonic()
         for p in st.pending:
-            if len(p.after) >= self.context_lines or now - p.since >= self.flush_after_s:
+            waited = by_time and now - p.since >= self.flush_after_s
+            if len(p.after) >= self.context_lines or waited:
                 if p.after:
                     p.row["context"] = (p.row["context"] + "\n>>> " + p.row["message"] + "\n"
                                         + "\n".join(p.after)).lstrip("\n")
@@ -172,7 +173,7 @@ class LogScanner:
                 keep.append(p)
         st.pending = keep
         # a traceback cut off (the process died mid-print) is shipped as it is
-        if st.traceback is not None and now - st.tb_since >= 5 * self.flush_after_s:
+        if by_time and st.traceback is not None and now - st.tb_since >= 5 * self.flush_after_s:
             out.append(self._end_traceback(st, st.traceback[-1]))
         return out
 

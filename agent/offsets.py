@@ -103,8 +103,13 @@ class OffsetStore:
             self.pending = pending
             self._save()
 
-    def commit(self, pending: Pending, counters: dict[str, int] | None = None) -> None:
-        """The server acknowledged ``pending``: advance its files' offsets, clear it."""
+    def commit(self, pending: Pending, counters: dict[str, int] | None = None,
+               begin: Pending | None = None) -> None:
+        """The server acknowledged ``pending``: advance its files' offsets, clear it.
+
+        With ``begin``, the next batch becomes pending in the same durable write (one
+        fsync instead of two between consecutive batches).
+        """
         with self._lock:
             for r in pending.ranges:
                 e = self.files.get(r.file)
@@ -112,6 +117,8 @@ class OffsetStore:
                     self.files[r.file] = {"ino": r.ino, "offset": r.end}
             if self.pending is not None and self.pending.key == pending.key:
                 self.pending = None
+            if begin is not None:
+                self.pending = begin
             for k, v in (counters or {}).items():
                 self.counters[k] = self.counters.get(k, 0) + v
             self._save()

@@ -10,10 +10,14 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from fleetscope import spool
+
+INFO_RECHECK_S = 0.5
+"""How often a rank's ``rank.json`` is looked at again (it changes when a rank restarts)."""
 
 
 @dataclass
@@ -33,6 +37,7 @@ class RankState:
     inflight_op: str = ""
     inflight_ts_ns: int = -1
     info_mtime_ns: int = -1
+    info_checked: float = 0.0
 
 
 def pid_alive(pid: int) -> bool:
@@ -106,6 +111,10 @@ class RankRegistry:
                 st.inflight_ts_ns, st.inflight_op = inflight
 
     def _refresh_info(self, st: RankState) -> None:
+        now = time.monotonic()
+        if now - st.info_checked < INFO_RECHECK_S:
+            return
+        st.info_checked = now
         path = st.directory / "rank.json"
         try:
             mtime = path.stat().st_mtime_ns

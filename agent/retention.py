@@ -18,8 +18,10 @@ Policy (documented in the README, section "The agent"):
      process); the disk fills as it would without fleetscope.
    * policy ``drop-oldest``: the oldest *sealed* unacked segments are deleted until the
      spool fits; every deletion is logged as an error, counted
-     (``agent.dropped_unacked_bytes``) and shipped as a ``log_events`` row. The segment
-     a writer is appending to is never deleted.
+     (``agent.dropped_unacked_bytes``) and shipped as a ``log_events`` row. Never
+     deleted: the segment a writer is appending to, and the files of the one batch in
+     flight (at most ``--batch-bytes``; a restarted agent must re-send it under its
+     key), so keep the budget well above the batch size.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ class Retention:
     def apply(self, segs: list[Segment], busy: set[str] = frozenset()) -> list[Segment]:
         """Delete what the policy says; returns the segments still on disk.
 
-        ``busy`` names files in a batch being built or sent (never dropped unacked).
+        ``busy`` names the files of the batch in flight (never dropped unacked: a
+        restarted agent must be able to re-send it under its key).
         """
         keep: list[Segment] = []
         deletable: list[Segment] = []

@@ -1,8 +1,9 @@
 """Shipping: spool frames -> batches -> server, offsets committed after the ack.
 
-Two threads: the *builder* (this module's :meth:`Shipper.run` loop) reads frames,
-batches them by size (``batch_bytes``) and time (``batch_delay_s``) and applies
-retention; the *sender* posts one batch at a time and commits. The builder prepares
+Three threads: the *builder* (this module's :meth:`Shipper.run` loop) reads frames,
+batches them by size (``batch_bytes``) and time (``batch_delay_s``); the *sender*
+posts one batch at a time and commits; *retention* deletes segments (it must keep
+working while the sender is stuck on an unreachable server). The builder prepares
 the next batch while the previous one is on the wire (a queue of one).
 
 On start, a batch left ``pending`` by a previous agent process is re-sent first, with
@@ -33,6 +34,7 @@ from fleetscope.agent.transport import Transport
 
 log = logging.getLogger("fleetscope.agent")
 RETENTION_EVERY_S = 1.0
+REPORT_EVERY_S = 10.0
 
 
 @dataclass
@@ -69,10 +71,13 @@ class Shipper:
         self.stats = ShipStats()
         self.stop_event = stop_event or threading.Event()
         self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=1)
-        self._busy: set[str] = set()
-        self._busy_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._sender: threading.Thread | None = None
         self._outstanding = 0
+        self._drain_deadline: float | None = None
+        self._next: Batch | None = None
+        self._end = False
+        self._begun: Pending | None = None
         self.idle = threading.Event()
         """Set while nothing is pending, queued or unread (tests and benchmarks wait on it)."""
 
@@ -84,6 +89,9 @@ class Shipper:
         self._sender = threading.Thread(target=self._send_loop, name="fleetscope-sender",
                                         daemon=True)
         self._sender.start()
+        retention = threading.Thread(target=self._retention_loop, name="fleetscope-retention",
+                                     daemon=True)
+        retention.start()
         try:
             self._build_loop()
         finally:
@@ -92,28 +100,45 @@ class Shipper:
             except queue.Full:
                 pass
             self._sender.join(timeout=10)
+            retention.join(timeout=5)
 
     def stop(self) -> None:
         self.stop_event.set()
+
+    def drain(self, timeout_s: float) -> None:
+        """Ship what is already on disk, then stop (at the latest after ``timeout_s``)."""
+        self._drain_deadline = time.monotonic() + timeout_s
+        t = threading.Timer(timeout_s, self._drain_expired)
+        t.daemon = True
+        t.start()
+
+    def _drain_expired(self) -> None:
+        if not self.stop_event.is_set():
+            log.warning("drain timeout: stopping with unshipped data; it stays in the spool")
+            self.stop_event.set()
 
     # -- builder -----------------------------------------------------------------------
     def _build_loop(self) -> None:
         frames: list[ReadFrame] = []
         size = 0
         first = 0.0
-        last_retention = 0.0
+        last_report = time.monotonic()
+        reported = (0, 0)
         while not self.stop_event.is_set():
             now = time.monotonic()
-            if now - last_retention >= RETENTION_EVERY_S:
-                last_retention = now
-                self._retention()
+            if now - last_report >= REPORT_EVERY_S:
+                last_report = now
+                cur = (self.stats.num_records, self.stats.num_batches)
+                if cur != reported:
+                    reported = cur
+                    log.info("shipped %d records in %d batches; backlog %d bytes",
+                             cur[0], cur[1], self.retention.stats.unacked_bytes)
             got = self.tailer.read(self.batch_bytes - size) if size < self.batch_bytes else []
             if got:
                 if not frames:
                     first = now
                 frames += got
                 size += sum(f.end - f.start for f in got)
-                self._mark_busy(f.segment.key for f in got)
                 self.idle.clear()
             full = size >= self.batch_bytes
             # past the delay, ship as soon as the sender is free; meanwhile keep filling
@@ -123,15 +148,20 @@ class Shipper:
                 frames, size = [], 0
                 continue
             if not got:
-                with self._busy_lock:
+                with self._lock:
                     quiet = not frames and self._outstanding == 0
                 if quiet:
                     self.idle.set()
+                if self._drain_deadline is not None and quiet:
+                    self.stop_event.set()  # drained: everything on disk is acknowledged
+                    break
                 self.stop_event.wait(self.poll_s)
 
     def _dispatch(self, frames: list[ReadFrame]) -> None:
         batch = build_batch(self.host, frames, self.ranks)
-        with self._busy_lock:
+        if batch.frames:
+            batch.encode(self.compression)  # here, overlapping the sender's request
+        with self._lock:
             self._outstanding += 1
         while not self.stop_event.is_set():
             try:
@@ -140,54 +170,69 @@ class Shipper:
             except queue.Full:
                 continue
 
-    def _mark_busy(self, keys) -> None:
-        with self._busy_lock:
-            self._busy.update(keys)
-
-    def _retention(self) -> None:
-        with self._busy_lock:
-            busy = set(self._busy)
-        try:
-            self.retention.apply(self.tailer.segments(), busy)
-        except OSError as e:
-            log.error("retention pass failed: %s", e)
+    def _retention_loop(self) -> None:
+        """Retention runs on its own thread: it must act while the sender is stuck."""
+        while not self.stop_event.wait(RETENTION_EVERY_S):
+            p = self.offsets.pending
+            busy = {r.file for r in p.ranges} if p is not None else set()
+            try:
+                self.retention.apply(self.tailer.segments(), busy)
+            except OSError as e:
+                log.error("retention pass failed: %s", e)
 
     # -- sender ------------------------------------------------------------------------
     def _send_loop(self) -> None:
         while True:
-            try:
-                batch = self._queue.get(timeout=0.2)
-            except queue.Empty:
-                if self.stop_event.is_set():
-                    return
-                continue
+            if self._next is not None:
+                batch, self._next = self._next, None
+            elif self._end:
+                return
+            else:
+                try:
+                    batch = self._queue.get(timeout=0.2)
+                except queue.Empty:
+                    if self.stop_event.is_set():
+                        return
+                    continue
             if batch is None:
                 return
-            done = self._ship(batch)
+            done = self._ship(batch, prefetch=True)
             if not done or self.stop_event.is_set():
                 return
-            with self._busy_lock:
+            with self._lock:
                 self._outstanding -= 1
-                if self._outstanding == 0:
-                    self._busy.clear()
 
-    def _ship(self, batch: Batch) -> bool:
-        """Send one batch (bisecting on rejection). False if stopped before the end."""
+    def _ship(self, batch: Batch, prefetch: bool = False) -> bool:
+        """Send one batch (bisecting on rejection). False if stopped before the end.
+
+        With ``prefetch``, the ack's commit also makes the next queued batch pending.
+        """
         self._report_bad(batch)
         if not batch.frames:
             if batch.ranges:
                 self.offsets.skip(list(batch.ranges), self._bad_counters(batch))
             return True
         est = self.clock.estimate
-        pending = Pending(batch.key, batch.ranges, est.offset_ns)
-        self.offsets.begin(pending)
+        if self._begun is not None and self._begun.key == batch.key:
+            pending = self._begun  # made pending by the previous commit
+        else:
+            pending = Pending(batch.key, batch.ranges, est.offset_ns)
+            self.offsets.begin(pending)
+        self._begun = None
         body = batch.encode(self.compression)
-        res = self.transport.post_batch(body, pending.key, est.offset_ns, est.uncertainty_ns,
-                                        self.stop_event)
+        t0 = time.perf_counter()
+        res = self.transport.post_batch(body, pending.key, pending.clock_offset_ns,
+                                        est.uncertainty_ns, self.stop_event)
+        t1 = time.perf_counter()
         if res.outcome == "stopped":
             return False
         if res.outcome == "ok":
-            self.offsets.commit(pending, self._bad_counters(batch))
+            nxt = self._prefetch() if prefetch else None
+            if nxt is not None and nxt.frames:
+                self._begun = Pending(nxt.key, nxt.ranges, self.clock.estimate.offset_ns)
+            self.offsets.commit(pending, self._bad_counters(batch), begin=self._begun)
+            log.debug("batch %s: %d rows, %d bytes, POST %.3fs, commit %.3fs", pending.key,
+                      batch.num_rows, len(body), t1 - t0, time.perf_counter() - t1)
             self.stats.num_batches += 1
             self.stats.num_records += batch.num_rows
             self.stats.num_bytes += len(body)
@@ -195,6 +240,20 @@ class Shipper:
             self.stats.last_ack_ns = time.time_ns()
             return True
         return self._bisect(batch, res.status, res.detail)
+
+    def _prefetch(self) -> Batch | None:
+        """The next queued batch, if one is waiting (held in ``_next`` for the loop)."""
+        if self._next is not None or self._end:
+            return None
+        try:
+            nxt = self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        if nxt is None:
+            self._end = True
+            return None
+        self._next = nxt
+        return nxt
 
     def _bisect(self, batch: Batch, status: int, detail: str) -> bool:
         if len(batch.frames) == 1:

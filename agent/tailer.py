@@ -153,11 +153,15 @@ class SpoolTailer:
                 pos = self.position(seg)
                 if pos >= seg.size:
                     continue
-                for fr in self._read_segment(seg, pos, min(budget, per_source - taken)):
-                    out.append(fr)
-                    n = fr.end - fr.start
-                    budget -= n
-                    taken += n
+                try:
+                    for fr in self._read_segment(seg, pos, min(budget, per_source - taken)):
+                        out.append(fr)
+                        n = fr.end - fr.start
+                        budget -= n
+                        taken += n
+                except FileNotFoundError:  # deleted by the disk budget policy meanwhile
+                    self._pos.pop(seg.key, None)
+                    continue
                 if self.position(seg) < seg.size:
                     break  # keep this source's frames in order: finish a segment first
         return out

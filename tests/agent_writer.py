@@ -60,6 +60,8 @@ def run_rank(a: argparse.Namespace, rank: int) -> None:
                               "local_rank": rank % 8, "job": a.job, "rank": rank,
                               "started_ns": time.time_ns()})
     w = SegmentWriter(d, a.segment_bytes)
+    for record in ("steps", "sections", "collectives", "inflight"):  # warm up lazy imports
+        codec.table_to_ipc(codec.rows_to_table(record_type(record), []), compression=None)
     sums: dict[str, dict[str, int]] = {}
     write_times: list[float] = []
     next_at = time.monotonic()
