@@ -85,19 +85,19 @@ _GPU_FULL = replace(
     p2p_pattern="all",
     group_timeout_s=600.0,
 )
-_CPU_QUICK = Plan(
+_CPU_QUICK = Plan(  # CPU figures only need to be comparable across a CPU fleet
     matmul_dtypes=("fp32",),
     matmul_n=1024,
-    matmul_budget_s=1.0,
+    matmul_budget_s=0.6,
     membw_bytes=64 * MiB,
-    membw_budget_s=0.5,
+    membw_budget_s=0.3,
     numerics_n=256,
     numerics_depth=4,
     numerics_repeats=3,
     collective_sizes=(256 * KiB, 4 * MiB),
-    collective_budget_s=1.0,
+    collective_budget_s=0.6,
     p2p_bytes=4 * MiB,
-    p2p_budget_s=1.0,
+    p2p_budget_s=0.6,
     p2p_pattern="ring",
     group_timeout_s=120.0,
 )
