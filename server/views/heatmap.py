@@ -14,18 +14,21 @@ from fleetscope.topology import Topology
 def row_bucket_size(topo: Topology, max_rows: int) -> int:
     """Ranks per heat-map row so that at most ``max_rows`` rows remain.
 
-    Buckets larger than a TP group are rounded up to whole TP groups (and smaller ones
-    to a divisor of TP), so a row never mixes a TP group with part of its neighbour.
+    A bucket never splits a TP group (nor mixes a TP group with part of its
+    neighbour) and, where possible, never straddles two pipeline stages: the size is
+    the smallest divisor of the stage size (DP x TP) that is a multiple (or divisor)
+    of TP and big enough; beyond one stage, a whole number of stages.
     """
     n = topo.world_size
-    bucket = max(1, math.ceil(n / max(1, max_rows)))
-    if bucket == 1:
+    need = max(1, math.ceil(n / max(1, max_rows)))
+    if need == 1:
         return 1
-    if bucket >= topo.tp:
-        return math.ceil(bucket / topo.tp) * topo.tp
-    while topo.tp % bucket:
-        bucket += 1
-    return bucket
+    stage = topo.dp * topo.tp
+    if need <= stage:
+        for size in range(need, stage + 1):
+            if stage % size == 0 and (size % topo.tp == 0 or topo.tp % size == 0):
+                return size
+    return math.ceil(need / stage) * stage
 
 
 def step_bucket_size(num_steps: int, max_cols: int) -> int:
