@@ -12,11 +12,10 @@ from fleetscope.kernels.numerics import BitFlip, numerics_probe
 from fleetscope.server.diagnosis.selfcheck import (
     ScoringConfig,
     SelfcheckKind,
-    fleet_report_to_dict,
-    report_to_dict,
     robust_z,
     score_probes,
 )
+from fleetscope.server.diagnosis.selfcheck_report import fleet_report_to_dict, report_to_dict
 
 from tests.selfcheck_fleet import NOISY_MACHINE, measure_fleet
 

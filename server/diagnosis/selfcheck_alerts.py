@@ -24,7 +24,8 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from .findings import Finding, FindingKind, Severity
-from .selfcheck import DEFAULT_WINDOW_S, SelfcheckFinding, finding_to_dict, score_probes
+from .selfcheck import DEFAULT_WINDOW_S, SelfcheckFinding, score_probes
+from .selfcheck_report import finding_to_dict
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query
 from fleetscope.server.api.deps import StoreDep
-from fleetscope.server.diagnosis import selfcheck
+from fleetscope.server.diagnosis import selfcheck, selfcheck_report
 
 router = APIRouter(tags=["selfcheck"])
 
@@ -86,4 +86,4 @@ def job_preflight(
     rows = probe_queries.job_probes(store, job)
     if not rows:
         raise HTTPException(404, detail=f"job {job!r} has no preflight/self-check results")
-    return {"job": job, **selfcheck.job_preflight(rows)}
+    return {"job": job, **selfcheck_report.job_preflight(rows)}
