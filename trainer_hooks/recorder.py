@@ -293,6 +293,8 @@ class Recorder:
             top = stack[-1]
         except IndexError:
             top = None
+        if (top is None or top[0] == "section") and self.waiting:
+            top = self._oldest_on_device() or top
         if top is None:
             row = dict(self.ident, ts_ns=ts, step=self.step, kind="idle", since_ns=ts)
         else:
@@ -300,6 +302,18 @@ class Recorder:
             row = dict(self.ident, ts_ns=ts, step=step, kind=kind, op=op, group_id=group_id,
                        axis=axis, seq=seq, peer=peer, since_ns=self.cpu.to_epoch(since))
         self._add("inflight", row)
+
+    def _oldest_on_device(self) -> tuple | None:
+        """On GPU the training thread does not block in NCCL ops; a collective enqueued
+        long ago whose end event has not fired is what the rank really waits on."""
+        limit = perf_ns() - int(self.config.inflight_interval_s * 1e9)
+        for item in self.waiting:
+            if item[0] == "C" and item[1].t_enq < limit:
+                op = item[1]
+                kind = "p2p" if op.name in ("send", "recv") else "collective"
+                return (kind, op.name, op.group.group_id, op.group.axis, op.seq, op.peer,
+                        op.t_enq, op.step)
+        return None
 
     def _metrics(self) -> None:
         now = time.monotonic_ns()
