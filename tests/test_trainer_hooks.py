@@ -197,3 +197,28 @@ def test_cuda_sections_use_device_time():
     hooks.shutdown()
     (row,) = sink.rows("sections")
     assert row["device_ns"] > 0 and row["duration_ns"] == row["device_ns"]
+
+
+def test_inflight_names_a_collective_still_running_on_the_device():
+    """GPU case without a GPU: an op whose end event has not fired (a stand-in event,
+    since CUDA cannot exist here) is what the rank waits on, even when the training
+    thread itself is idle. The real path runs in bench/gpu_check.py on a CUDA machine."""
+    from fleetscope.trainer_hooks.collectives import GroupInfo, Op
+    from fleetscope.trainer_hooks.recorder import Recorder, perf_ns
+
+    class PendingEvent:
+        def query(self):
+            return False
+
+    rec = Recorder("j", 1, hooks.MemorySink(), topology=Topology(dp=2), config=FAST)
+    group = GroupInfo(None, "dp.pp0.tp0", "dp", [0, 1], 1)
+    op = Op("all_reduce", group, 7, 3, -1, 1024, "float32", -1, perf_ns() - 2_000_000_000)
+    op.ev1 = PendingEvent()
+    rec.enqueue(("C", op))
+    rec._drain()
+    assert rec.waiting  # not converted: the device has not finished it
+    rec._inflight()
+    (row,) = rec.rows["inflight"]
+    assert (row["kind"], row["op"], row["group_id"], row["seq"], row["step"]) == (
+        "collective", "all_reduce", "dp.pp0.tp0", 7, 3)
+    assert time.time_ns() - row["since_ns"] >= 1.9e9
