@@ -196,8 +196,10 @@ def test_crash_everyone_dead_first_to_die_is_culprit():
     rows = [_inf(4, "collective", "all_reduce", "tp.pp1.dp0", 42, ts=NOW - 39 * 10**9)]
     rows += [_inf(r, "p2p", "recv", TOPO.group_id("pp", r), 20, peer=r + 4, ts=NOW - 39 * 10**9) for r in range(4)]
     rows += [_inf(r, "collective", "all_reduce", TOPO.group_id("dp", r), 9, ts=NOW - 39 * 10**9) for r in (6, 7)]
-    a = _analyse(rows, hb=hb)
+    a = analyse_hang("j", TOPO, NOW, _steps(NOW - 45 * 10**9), pd.DataFrame(rows), hb, _progress(),
+                     last_seen={r: NOW - (42 if r == 5 else 39) * 10**9 for r in range(8)})
     assert a.culprits == (5,) and a.hang_class == HangClass.PROCESS_DEAD
+    assert a.evidence["silent_before_others_s"] == pytest.approx(3.0)
     # everyone exited with nobody blocked: the job ended normally, not a hang
     assert not _analyse([_inf(r, "idle", ts=NOW - 39 * 10**9) for r in range(8)], hb=hb).stalled
 
@@ -285,7 +287,7 @@ def test_hung_job_killed_afterwards_keeps_the_hang_culprit():
     hb = _hb(dead=tuple(range(8))).assign(dead_since_ns=NOW - 10 * 10**9)  # killed together
     a = _analyse(rows, hb=hb)
     assert a.culprits == (5,) and a.hang_class == HangClass.STUCK_IN_COMPUTE
-    # the same graph but rank 5 died first: a crash
-    hb2 = _hb(dead=tuple(range(8))).assign(dead_since_ns=lambda d: np.where(d["rank"] == 5, NOW - 12 * 10**9, NOW - 9 * 10**9))
-    a2 = _analyse(rows, hb=hb2)
+    # the same graph but rank 5 went silent first: a crash
+    a2 = analyse_hang("j", TOPO, NOW, _steps(NOW - 45 * 10**9), pd.DataFrame(rows), hb, _progress(),
+                      last_seen={r: NOW - (25 if r == 5 else 20) * 10**9 for r in range(8)})
     assert a2.culprits == (5,) and a2.hang_class == HangClass.PROCESS_DEAD

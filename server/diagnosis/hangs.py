@@ -32,6 +32,11 @@ from .breakdown import P2P_OPS
 from .findings import Finding, FindingKind, HangAnalysis, HangClass, Severity
 
 
+CRASH_GAP_NS = 1_000_000_000
+"""A rank silent this much before the others (while they still wrote in-flight records
+every ~0.5 s) died first."""
+
+
 @dataclass(frozen=True)
 class HangConfig:
     hang_min_s: float = 30.0
@@ -173,19 +178,20 @@ def localise(
         "rank_states": {str(r): _where(s) for r, s in sorted(states.items())},
     }
     if dead and len(dead) == len(states):  # everything is gone: who went first?
-        seen = last_seen or {}
-        key = {r: (states[r].since_ns, seen.get(r, states[r].since_ns)) for r in dead}
-        first = min(key.values())
-        first_dead = tuple(sorted(r for r in dead if key[r] == first))
-        evidence["all_dead"] = True
+        seen = {r: (last_seen or {}).get(r) or states[r].since_ns for r in dead}
+        t_first = min(seen.values())
+        first_dead = tuple(sorted(r for r in dead if seen[r] - t_first <= CRASH_GAP_NS))
+        crash = len(first_dead) < len(dead)  # one went silent while the others still reported
+        evidence.update(all_dead=True, first_silent=list(first_dead),
+                        silent_before_others_s=round((sorted(seen.values())[len(first_dead)] - t_first) / 1e9, 3)
+                        if crash else 0.0)
         if last_known:  # the wait-for graph as it was just before the processes went away
             culprits, cls, gid, chain, ev = localise(topo, last_known, progress)
             if culprits:
-                died_first = set(first_dead) != set(dead) and set(culprits) & set(first_dead)
-                if died_first and cls not in (HangClass.COLLECTIVE_FAULT,
-                                                                    HangClass.COLLECTIVE_MISMATCH):
-                    cls = HangClass.PROCESS_DEAD
-                return culprits, cls, gid, chain, {**ev, **evidence, "first_dead": list(first_dead)}
+                if crash and set(culprits) & set(first_dead):
+                    culprits = tuple(r for r in culprits if r in first_dead)
+                    cls, gid = HangClass.PROCESS_DEAD, ""
+                return culprits, cls, gid, chain, {**ev, **evidence}
         return first_dead, HangClass.PROCESS_DEAD, "", (), evidence
     # ranks reachable from the blocked ones
     reach: dict[int, int] = {}

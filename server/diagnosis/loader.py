@@ -84,6 +84,9 @@ SELECT rank, max(t) AS last_seen_ns FROM (
   SELECT rank, max(completed_ns) AS t FROM collectives
   WHERE job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:Int64}
     AND state = 'completed' GROUP BY rank
+  UNION ALL
+  SELECT rank, max(ts_ns) AS t FROM inflight
+  WHERE job = {job:String} AND attempt = {attempt:Int32} AND ts_ns >= {since_ns:Int64} GROUP BY rank
 ) GROUP BY rank
 """
 
