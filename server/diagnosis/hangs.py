@@ -31,7 +31,6 @@ from fleetscope.topology import Topology
 from .breakdown import P2P_OPS
 from .findings import Finding, FindingKind, HangAnalysis, HangClass, Severity
 
-
 CRASH_GAP_NS = 1_000_000_000
 """A rank silent this much before the others (while they still wrote in-flight records
 every ~0.5 s) died first."""
