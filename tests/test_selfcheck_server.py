@@ -13,6 +13,7 @@ import httpx
 import pytest
 from fleetscope.kernels.ship import ShipError, ship_records
 
+from fleetscope.cli import main as cli_main
 from tests.helpers.server import running_server
 from tests.selfcheck_fleet import NOISY_MACHINE, measure_fleet
 
@@ -56,7 +57,7 @@ def server(tmp_path_factory, receiver):
         yield url
 
 
-def test_probe_results_are_ingested_scored_and_served(server):
+def test_probe_results_are_ingested_scored_and_served(server, capsys):
     url = server
     records = measure_fleet({"node-a": 1.0, "node-b": 1.0, "node-c": 4.0, "node-d": 1.0},
                             job="maint-7")
@@ -65,18 +66,18 @@ def test_probe_results_are_ingested_scored_and_served(server):
         ack = ship_records(url, mine, host=host, fmt="arrow" if i % 2 else "json", token=TOKEN)
         assert ack["accepted"] is True and ack["rows"]["probes"] == 2
 
-    # the CLI on "another host": the numerics probe only, shipped as Arrow
-    cli = subprocess.run(
-        [sys.executable, "-m", "fleetscope.cli", "selfcheck", "--server", url,
-         "--host", "cli-host", "--job", "maint-7", "--probes", "numerics",
-         "--nprocs", "1", "--output", "json"],
-        capture_output=True, text=True, timeout=120,
-        env={"PATH": "/usr/bin:/bin", "FLEETSCOPE_TOKEN": TOKEN},
-    )
-    assert cli.returncode == 0, cli.stderr
-    printed = [json.loads(line) for line in cli.stdout.splitlines()]
+    # the CLI (in-process) on "another host": the numerics probe only, shipped as Arrow
+    capsys.readouterr()
+    rc = cli_main(["selfcheck", "--server", url, "--token", TOKEN, "--host", "cli-host",
+                   "--job", "maint-7", "--probes", "numerics", "--nprocs", "1",
+                   "--output", "json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    printed = [json.loads(line) for line in out.out.splitlines()]
     assert [p["probe"] for p in printed] == ["numerics"]
-    assert "shipped 1 probes records" in cli.stderr
+    assert "shipped 1 probes records" in out.err
+    assert cli_main(["selfcheck", "--server", "ftp://x", "--probes", "numerics"]) == 2
+    assert "'ftp://x'" in capsys.readouterr().err
 
     auth = url.auth_headers
     noisy = NOISY_MACHINE  # thresholds for a shared test machine, as query parameters
