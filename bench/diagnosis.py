@@ -11,6 +11,7 @@ clean run, and hang -> webhook latency against the 30 s target.
 
     .venv/bin/python bench/diagnosis.py                 # the whole suite (~15 min on 2 CPUs)
     .venv/bin/python bench/diagnosis.py --only clean,hang-compute
+    .venv/bin/python bench/diagnosis.py --sweep          # detection floor vs timing noise (synthetic)
 
 Exit status 1 when a target is missed.
 """
@@ -262,11 +263,45 @@ def straggler_pr(scs: list[Scenario], results: list[Result]) -> tuple[float, flo
     return tp / max(tp + fp, 1), tp / max(tp + fn, 1)
 
 
+def sweep(seeds: int = 5) -> int:
+    """Detection floor of the straggler detector vs per-op timing noise, on synthetic jobs
+    (same detector, no I/O): recall per compute slowdown factor and false findings on clean
+    runs, for a rank in each stage."""
+    from fleetscope.server.diagnosis.breakdown import rank_step_breakdown
+    from fleetscope.server.diagnosis.stragglers import detect_stragglers
+    from fleetscope.server.diagnosis.synthetic import SynthJob
+
+    factors = (1.05, 1.1, 1.2, 1.3)
+    print(f"{'noise':>6} " + " ".join(f"{'x' + str(f):>7}" for f in factors) + "  false findings (clean)")
+    for noise in (0.02, 0.05, 0.1, 0.2):
+        hits = {f: 0 for f in factors}
+        false = 0
+        for seed in range(seeds):
+            culprit = (1, 6)[seed % 2]
+            for f in (1.0, *factors):
+                job = SynthJob(seed=seed, noise=noise, num_steps=24,
+                               compute_factor=lambda r, s, f=f, c=culprit: f if r == c and s >= 8 else 1.0)
+                fr = job.build()
+                bd, arr = rank_step_breakdown(fr["sections"], fr["collectives"], fr["steps"])
+                found = detect_stragglers("sweep", job.topo, bd, arr)
+                named = {r for x in found for r in x.ranks}
+                if f == 1.0:
+                    false += len(found)
+                else:
+                    hits[f] += culprit in named
+                    false += len(named - {culprit})
+        print(f"{noise:>6} " + " ".join(f"{hits[f] / seeds:>7.2f}" for f in factors) + f"  {false}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="", help="comma-separated scenario names")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--sweep", action="store_true", help="only the synthetic detection-floor sweep")
     args = ap.parse_args(argv)
+    if args.sweep:
+        return sweep()
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in {s.name for s in SCENARIOS}]
     if unknown:

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from diag_synth import MS, SynthJob
 from fleetscope.server.alerts.signing import verify
+from fleetscope.server.diagnosis.synthetic import MS, SynthJob
 
 from fleetscope import codec
 from fleetscope.schema import RECORD_TYPES

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from diag_synth import MS, T0, SynthJob
 from fleetscope.server.diagnosis.breakdown import collective_arrivals, rank_step_breakdown
 from fleetscope.server.diagnosis.findings import FindingKind, HangClass, finding_to_dict
 from fleetscope.server.diagnosis.hangs import analyse_hang, detect_mismatches
 from fleetscope.server.diagnosis.health import detect_hardware_errors, detect_heartbeat_loss
 from fleetscope.server.diagnosis.mfu import detect_mfu_drop, mfu_series
 from fleetscope.server.diagnosis.stragglers import detect_stragglers
+from fleetscope.server.diagnosis.synthetic import MS, T0, SynthJob
 from fleetscope.server.diagnosis.whatif import (
     StepProfile,
     profile_from_frames,

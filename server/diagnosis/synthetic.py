@@ -1,4 +1,4 @@
-"""Synthetic event builder for diagnosis tests: a 3D-parallel job played step by step.
+"""Synthetic event builder (tests, benches): a 3D-parallel job played step by step.
 
 Emits ``sections``, ``collectives`` and ``steps`` frames with the schema's columns and
 the same semantics as the trainer: forward/backward per micro-batch with the TP
