@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from fleetscope.agent.offsets import Range
+from fleetscope.agent.offsets import Pending, Range
 from fleetscope.agent.ranks import RankRegistry, describe_inflight
 from fleetscope.agent.tailer import ReadFrame, Segment, scan_frames
 
@@ -44,6 +44,8 @@ class Batch:
     """Frames skipped while building: (frame, reason) for corrupt or invalid ones."""
     body: bytes | None = None
     """The encoded request body, once :meth:`encode` ran."""
+    pending: Pending | None = None
+    """Its durable in-flight record, once the sender began it."""
 
     @property
     def key(self) -> str:

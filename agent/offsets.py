@@ -8,9 +8,11 @@ Exactly-once shipping rests on two rules:
 
 * an offset moves only after the server acknowledged the bytes before it;
 * before a batch is sent, its byte ranges and idempotency key are recorded here as
-  ``pending``. A restarted agent re-sends exactly that batch, with the same key, before
-  anything else, so a batch that reached the store just before a crash is deduplicated
-  by the server instead of arriving again under a different key.
+  ``pending`` (a short list: the batch on the wire and the next one, made durable
+  while the first is in flight). A restarted agent re-sends exactly those batches, in
+  order and with the same keys, before anything else, so a batch that reached the
+  store just before a crash is deduplicated by the server instead of arriving again
+  under a different key.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class OffsetStore:
         self.files: dict[str, dict[str, int]] = {}
         self.logs: dict[str, dict[str, int]] = {}
         self.counters: dict[str, int] = {}
-        self.pending: Pending | None = None
+        self.pending: list[Pending] = []
         if self.path.exists():
             doc = json.loads(self.path.read_text())
             if doc.get("version") != STATE_VERSION:
@@ -88,7 +90,8 @@ class OffsetStore:
             self.files = doc.get("files", {})
             self.logs = doc.get("logs", {})
             self.counters = doc.get("counters", {})
-            self.pending = Pending.from_json(doc["pending"]) if doc.get("pending") else None
+            raw = doc.get("pending") or []
+            self.pending = [Pending.from_json(d) for d in (raw if isinstance(raw, list) else [raw])]
 
     # -- spool segments ------------------------------------------------------------------
     def offset(self, file: str, ino: int) -> int:
@@ -98,41 +101,36 @@ class OffsetStore:
             return e["offset"] if e and e["ino"] == ino else 0
 
     def begin(self, pending: Pending) -> None:
-        """Record the batch about to be sent (durably, before the first byte goes out)."""
+        """Record a batch about to be sent (durably, before its first byte goes out)."""
         with self._lock:
-            self.pending = pending
+            if all(p.key != pending.key for p in self.pending):
+                self.pending.append(pending)
             self._save()
 
-    def commit(self, pending: Pending, counters: dict[str, int] | None = None,
-               begin: Pending | None = None) -> None:
-        """The server acknowledged ``pending``: advance its files' offsets, clear it.
+    def commit(self, pending: Pending, counters: dict[str, int] | None = None) -> None:
+        """The server acknowledged ``pending``: advance its files' offsets, clear it."""
+        self.skip(list(pending.ranges), counters or {}, done_key=pending.key)
 
-        With ``begin``, the next batch becomes pending in the same durable write (one
-        fsync instead of two between consecutive batches).
+    def skip(self, ranges: list[Range], counters: dict[str, int], done_key: str | None = None) -> None:
+        """Move past bytes (acknowledged, corrupt or rejected), durably.
+
+        Offsets only move forward, so these calls may be applied in any order.
+        ``done_key`` names a pending batch that is finished.
         """
-        with self._lock:
-            for r in pending.ranges:
-                e = self.files.get(r.file)
-                if e is None or e["ino"] != r.ino or e["offset"] < r.end:
-                    self.files[r.file] = {"ino": r.ino, "offset": r.end}
-            if self.pending is not None and self.pending.key == pending.key:
-                self.pending = None
-            if begin is not None:
-                self.pending = begin
-            for k, v in (counters or {}).items():
-                self.counters[k] = self.counters.get(k, 0) + v
-            self._save()
-
-    def skip(self, ranges: list[Range], counters: dict[str, int]) -> None:
-        """Move past bytes that will never be shipped (corrupt or rejected), durably."""
         with self._lock:
             for r in ranges:
                 e = self.files.get(r.file)
                 if e is None or e["ino"] != r.ino or e["offset"] < r.end:
                     self.files[r.file] = {"ino": r.ino, "offset": r.end}
+            if done_key is not None:
+                self.pending = [p for p in self.pending if p.key != done_key]
             for k, v in counters.items():
                 self.counters[k] = self.counters.get(k, 0) + v
             self._save()
+
+    def pending_files(self) -> set[str]:
+        with self._lock:
+            return {r.file for p in self.pending for r in p.ranges}
 
     def forget(self, file: str) -> None:
         """Drop a deleted file's entry."""
@@ -167,6 +165,6 @@ class OffsetStore:
             "files": self.files,
             "logs": self.logs,
             "counters": self.counters,
-            "pending": self.pending.to_json() if self.pending else None,
+            "pending": [p.to_json() for p in self.pending],
         }
         atomic_write(self.path, json.dumps(doc, sort_keys=True).encode())

@@ -20,6 +20,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,9 +76,10 @@ class Shipper:
         self._sender: threading.Thread | None = None
         self._outstanding = 0
         self._drain_deadline: float | None = None
-        self._next: Batch | None = None
         self._end = False
-        self._begun: Pending | None = None
+        self._begun: dict[str, Future] = {}
+        self._durable = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetscope-offsets")
+        """Offset writes (begin/commit), in order, off the sender's critical path."""
         self.idle = threading.Event()
         """Set while nothing is pending, queued or unread (tests and benchmarks wait on it)."""
 
@@ -101,6 +103,7 @@ class Shipper:
                 pass
             self._sender.join(timeout=10)
             retention.join(timeout=5)
+            self._durable.shutdown(wait=True)  # acknowledged batches get committed
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -173,94 +176,94 @@ class Shipper:
     def _retention_loop(self) -> None:
         """Retention runs on its own thread: it must act while the sender is stuck."""
         while not self.stop_event.wait(RETENTION_EVERY_S):
-            p = self.offsets.pending
-            busy = {r.file for r in p.ranges} if p is not None else set()
+            busy = self.offsets.pending_files()
             try:
                 self.retention.apply(self.tailer.segments(), busy)
             except OSError as e:
                 log.error("retention pass failed: %s", e)
 
     # -- sender ------------------------------------------------------------------------
+    def _take(self, block: bool) -> Batch | None:
+        """The next queued batch; None when there is none (non-blocking) or at the end."""
+        while not self._end:
+            try:
+                batch = self._queue.get(timeout=0.2) if block else self._queue.get_nowait()
+            except queue.Empty:
+                if not block or self.stop_event.is_set():
+                    return None
+                continue
+            if batch is None:
+                self._end = True
+                return None
+            return batch
+        return None
+
     def _send_loop(self) -> None:
+        nxt: Batch | None = None
         while True:
-            if self._next is not None:
-                batch, self._next = self._next, None
-            elif self._end:
-                return
-            else:
-                try:
-                    batch = self._queue.get(timeout=0.2)
-                except queue.Empty:
-                    if self.stop_event.is_set():
-                        return
-                    continue
+            batch = nxt if nxt is not None else self._take(block=True)
             if batch is None:
                 return
-            done = self._ship(batch, prefetch=True)
+            # make the next batch durably pending while this one is on the wire, so the
+            # fsync never sits between two requests
+            nxt = self._take(block=False)
+            if nxt is not None and nxt.frames:
+                self._begin(nxt, wait=False)
+            done = self._ship(batch)
             if not done or self.stop_event.is_set():
                 return
             with self._lock:
                 self._outstanding -= 1
 
-    def _ship(self, batch: Batch, prefetch: bool = False) -> bool:
-        """Send one batch (bisecting on rejection). False if stopped before the end.
+    def _begin(self, batch: Batch, wait: bool) -> None:
+        if batch.pending is None:
+            batch.pending = Pending(batch.key, batch.ranges, self.clock.estimate.offset_ns)
+            self._begun[batch.key] = self._durable.submit(self.offsets.begin, batch.pending)
+        fut = self._begun.get(batch.key)
+        if wait and fut is not None:
+            fut.result()
+            del self._begun[batch.key]
 
-        With ``prefetch``, the ack's commit also makes the next queued batch pending.
-        """
+    def _ship(self, batch: Batch) -> bool:
+        """Send one batch (bisecting on rejection). False if stopped before the end."""
         self._report_bad(batch)
         if not batch.frames:
             if batch.ranges:
                 self.offsets.skip(list(batch.ranges), self._bad_counters(batch))
             return True
-        est = self.clock.estimate
-        if self._begun is not None and self._begun.key == batch.key:
-            pending = self._begun  # made pending by the previous commit
-        else:
-            pending = Pending(batch.key, batch.ranges, est.offset_ns)
-            self.offsets.begin(pending)
-        self._begun = None
+        self._begin(batch, wait=True)  # durable before the first byte is sent
+        pending = batch.pending
+        assert pending is not None
         body = batch.encode(self.compression)
         t0 = time.perf_counter()
         res = self.transport.post_batch(body, pending.key, pending.clock_offset_ns,
-                                        est.uncertainty_ns, self.stop_event)
-        t1 = time.perf_counter()
+                                        self.clock.estimate.uncertainty_ns, self.stop_event)
         if res.outcome == "stopped":
             return False
         if res.outcome == "ok":
-            nxt = self._prefetch() if prefetch else None
-            if nxt is not None and nxt.frames:
-                self._begun = Pending(nxt.key, nxt.ranges, self.clock.estimate.offset_ns)
-            self.offsets.commit(pending, self._bad_counters(batch), begin=self._begun)
-            log.debug("batch %s: %d rows, %d bytes, POST %.3fs, commit %.3fs", pending.key,
-                      batch.num_rows, len(body), t1 - t0, time.perf_counter() - t1)
+            # the commit runs while the next request is on the wire; if the agent dies
+            # first, the batch is still pending and is re-sent (a duplicate for the server)
+            self._durable.submit(self.offsets.commit, pending, self._bad_counters(batch))
+            log.debug("batch %s: %d rows, %d bytes, POST %.3fs", pending.key, batch.num_rows,
+                      len(body), time.perf_counter() - t0)
             self.stats.num_batches += 1
             self.stats.num_records += batch.num_rows
             self.stats.num_bytes += len(body)
             self.stats.num_duplicates += int(res.duplicate)
             self.stats.last_ack_ns = time.time_ns()
             return True
-        return self._bisect(batch, res.status, res.detail)
-
-    def _prefetch(self) -> Batch | None:
-        """The next queued batch, if one is waiting (held in ``_next`` for the loop)."""
-        if self._next is not None or self._end:
-            return None
-        try:
-            nxt = self._queue.get_nowait()
-        except queue.Empty:
-            return None
-        if nxt is None:
-            self._end = True
-            return None
-        self._next = nxt
-        return nxt
+        done = self._bisect(batch, res.status, res.detail)
+        if done:
+            self._durable.submit(self.offsets.skip, [], {}, pending.key)
+        return done
 
     def _bisect(self, batch: Batch, status: int, detail: str) -> bool:
         if len(batch.frames) == 1:
             d = batch.frames[0]
             self._quarantine(d.frame, f"HTTP {status}: {detail}")
             self.offsets.skip(list(batch.ranges),
-                              {"rejected_frames": 1, **self._bad_counters(batch)})
+                              {"rejected_frames": 1, **self._bad_counters(batch)},
+                              done_key=batch.key)
             self.stats.num_rejected_frames += 1
             return True
         log.warning("server rejected a batch of %d frames (HTTP %d: %s); bisecting",
@@ -277,38 +280,39 @@ class Shipper:
 
     # -- pending batch after a restart ---------------------------------------------------
     def _resend_pending(self) -> None:
-        p = self.offsets.pending
-        if p is None:
+        """Re-send, in order and under their keys, the batches a previous run left pending."""
+        if not self.offsets.pending:
             return
         paths = {s.key: s.path for s in self.tailer.segments()}
-        frames = frames_for_ranges(p.ranges, paths)
-        if frames is None:
-            log.error("pending batch %s refers to a file that is gone or replaced; dropping "
-                      "it (its bytes may or may not have reached the server)", p.key)
-            self.offsets.skip([], {"pending_lost": 1})
-            self.offsets.pending = None
-            return
-        batch = build_batch(self.host, frames, self.ranks)
-        if batch.key != p.key:
-            log.error("pending batch %s re-read as %s; sending under the original key",
-                      p.key, batch.key)
-        log.info("re-sending batch %s left pending by the previous agent run", p.key)
-        est_offset = p.clock_offset_ns
-        self._report_bad(batch)
-        body = batch.encode(self.compression)
-        res = self.transport.post_batch(body, p.key, est_offset, self.clock.estimate.uncertainty_ns,
-                                        self.stop_event)
-        if res.outcome == "ok":
-            self.offsets.commit(p, self._bad_counters(batch))
-            self.stats.num_batches += 1
-            self.stats.num_records += batch.num_rows
-            self.stats.num_duplicates += int(res.duplicate)
-        elif res.outcome == "rejected":
-            self._bisect(batch, res.status, res.detail)
+        for p in list(self.offsets.pending):
+            if self.stop_event.is_set():
+                return
+            frames = frames_for_ranges(p.ranges, paths)
+            if frames is None:
+                log.error("pending batch %s refers to a file that is gone or replaced; "
+                          "dropping it (its bytes may or may not have reached the server)", p.key)
+                self.offsets.skip([], {"pending_lost": 1}, done_key=p.key)
+                continue
+            batch = build_batch(self.host, frames, self.ranks)
+            if batch.key != p.key:
+                log.error("pending batch %s re-read as %s; sending under the original key",
+                          p.key, batch.key)
+            log.info("re-sending batch %s left pending by the previous agent run", p.key)
+            self._report_bad(batch)
+            body = batch.encode(self.compression)
+            res = self.transport.post_batch(body, p.key, p.clock_offset_ns,
+                                            self.clock.estimate.uncertainty_ns, self.stop_event)
+            if res.outcome == "ok":
+                self.offsets.commit(p, self._bad_counters(batch))
+                self.stats.num_batches += 1
+                self.stats.num_records += batch.num_rows
+                self.stats.num_duplicates += int(res.duplicate)
+            elif res.outcome == "rejected" and self._bisect(batch, res.status, res.detail):
+                self.offsets.skip([], {}, done_key=p.key)
 
     def _prune_offsets(self) -> None:
         present = {s.key for s in self.tailer.segments()}
-        pending = {r.file for r in self.offsets.pending.ranges} if self.offsets.pending else set()
+        pending = self.offsets.pending_files()
         for key in list(self.offsets.files):
             if key not in present and key not in pending:
                 self.offsets.forget(key)

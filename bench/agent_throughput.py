@@ -186,31 +186,44 @@ def main() -> int:
     ap.add_argument("--batch-bytes", default="4M", help="agent --batch-bytes (default 4M)")
     ap.add_argument("--compression", default="zstd", choices=["zstd", "lz4", "none"])
     ap.add_argument("--min-ratio", type=float, default=0.8, help="exit 1 below this ratio (default 0.8)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="alternate direct and agent runs this many times (default 2; evens out "
+                         "load changes on a shared machine)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fleetscope-bench-agent-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start_server(work, port)
+    direct_s = agent_s = cpu_s = 0.0
     try:
-        spool_dir = work / "spool"
-        frames = tables("bench-agent", a.ranks, a.records, a.rows_per_frame)
-        nbytes = write_spool(spool_dir, "bench-agent", frames, 8 << 20)
-        rows_per_batch = int(a.records * _parse_size(a.batch_bytes) / nbytes) or 1
-        direct_rate, _ = direct(url, tables("bench-direct", a.ranks, a.records, a.rows_per_frame),
-                                rows_per_batch)
-        agent_rate, cpu_s, wall_s = agent_run(url, spool_dir, "bench-agent", a.records,
-                                              a.batch_bytes, a.compression)
+        for r in range(a.rounds):
+            spool_dir = work / f"spool{r}"
+            frames = tables(f"bench-agent{r}", a.ranks, a.records, a.rows_per_frame)
+            nbytes = write_spool(spool_dir, f"bench-agent{r}", frames, 8 << 20)
+            rows_per_batch = int(a.records * _parse_size(a.batch_bytes) / nbytes) or 1
+            rate, _ = direct(url, tables(f"bench-direct{r}", a.ranks, a.records, a.rows_per_frame),
+                             rows_per_batch)
+            direct_s += a.records / rate
+            rate, cpu, wall = agent_run(url, spool_dir, f"bench-agent{r}", a.records,
+                                        a.batch_bytes, a.compression)
+            agent_s += wall
+            cpu_s += cpu
+            print(f"round {r}: direct {a.records * (r + 1) / direct_s:,.0f} records/s so far, "
+                  f"agent {rate:,.0f} records/s", file=sys.stderr)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
+    total = a.records * a.rounds
+    direct_rate, agent_rate, wall_s = total / direct_s, total / agent_s, agent_s
     ratio = agent_rate / direct_rate
     cores_per_100k = (cpu_s / wall_s) / (agent_rate / 100_000)
-    print(f"records per side          {a.records} ({a.ranks} ranks, {a.rows_per_frame} rows/frame, "
-          f"spool {nbytes / 2**20:.1f} MiB, batch {a.batch_bytes} ~{rows_per_batch} rows, {a.compression})")
-    print(f"server direct ingest      {direct_rate:12,.0f} records/s")
+    print(f"records per side          {total} in {a.rounds} alternating rounds ({a.ranks} ranks, "
+          f"{a.rows_per_frame} rows/frame, spool {nbytes / 2**20:.1f} MiB per round, "
+          f"batch {a.batch_bytes} ~{rows_per_batch} rows, {a.compression})")
+    print(f"server direct ingest      {direct_rate:12,.0f} records/s  ({direct_s:.2f} s)")
     print(f"agent spool -> server     {agent_rate:12,.0f} records/s  ({wall_s:.2f} s)")
     print(f"ratio agent/direct        {ratio:12.2f}   (target >= {a.min_ratio})")
     print(f"agent CPU                 {cpu_s:12.2f} s = {cpu_s / wall_s:.2f} cores; "

@@ -41,10 +41,10 @@ def test_offsets_are_durable_and_pending_survives_reopen(tmp_path):
     p = Pending("k1", (Range("j/rank-00000/seg-00000000.fsp", 7, 0, 100),), clock_offset_ns=42)
     store.begin(p)
     reopened = OffsetStore(tmp_path / "offsets.json")
-    assert reopened.pending == p and reopened.offset("j/rank-00000/seg-00000000.fsp", 7) == 0
+    assert reopened.pending == [p] and reopened.offset("j/rank-00000/seg-00000000.fsp", 7) == 0
     reopened.commit(p, {"corrupt_frames": 2})
     again = OffsetStore(tmp_path / "offsets.json")
-    assert again.pending is None
+    assert again.pending == []
     assert again.offset("j/rank-00000/seg-00000000.fsp", 7) == 100
     assert again.offset("j/rank-00000/seg-00000000.fsp", 8) == 0  # replaced file: new inode
     assert again.counters == {"corrupt_frames": 2}
