@@ -184,11 +184,49 @@ def check_reference_trainer() -> CheckResult:
         "dropped": result.hook_stats.get("dropped_records")})
 
 
+def check_agent_nvml() -> CheckResult:
+    """The agent's real NVML path: readings of every GPU, GPU->rank mapping, XID watcher."""
+    import threading
+
+    from fleetscope.agent.nvml import GpuSampler, XidWatcher, open_nvml
+    from fleetscope.agent.ranks import RankRegistry
+
+    from fleetscope import spool
+
+    torch = _torch()
+    x = torch.ones(1024, device="cuda:0")  # this process becomes a compute process of GPU 0
+    nv = open_nvml()
+    if nv is None:
+        return CheckResult("agent_nvml", False, note="NVML could not be opened")
+    ranks = RankRegistry()
+    with tempfile.TemporaryDirectory() as d:
+        rank_dir = spool.rank_dir(d, "gpucheck", 3)
+        spool.write_rank_info(rank_dir, {"pid": os.getpid(), "local_rank": 0})
+        ranks.get("gpucheck", 3, rank_dir)
+        sampler = GpuSampler(nv, ranks)
+        mapping = {i: r.rank for i, r in sampler.gpu_ranks().items()}
+        readings = {(n, i): v for n, i, v in sampler.sample()}
+        stop = threading.Event()
+        watcher = XidWatcher(sampler, lambda gpu, xid: None, stop, timeout_ms=200)
+        watcher.start()
+        time.sleep(1.0)
+        stop.set()
+        watcher.join(5)
+    del x
+    gpu0 = {n: v for (n, i), v in readings.items() if i == 0}
+    ok = (mapping.get(0) == 3 and gpu0.get("gpu.memory_total_bytes", 0) > 0
+          and 0 < gpu0.get("gpu.temperature_c", -1) < 120 and gpu0.get("gpu.power_w", 0) > 0
+          and not watcher.is_alive())
+    return CheckResult("agent_nvml", ok, {"num_gpus": sampler.num_gpus, "names": sampler.names,
+                                          "gpu_to_rank": mapping, "gpu0": gpu0})
+
+
 CHECKS: list[Callable[[], CheckResult]] = [
     check_event_timing,
     check_no_sync,
     check_overhead,
     check_reference_trainer,
+    check_agent_nvml,
 ]
 
 
