@@ -23,6 +23,9 @@ from fleetscope.dashboard.components import message
 from fleetscope.dashboard.pages import fleet, incidents, job
 
 ASSETS = Path(__file__).parent / "assets"
+BUSY_FLAGS = ("diag", "header", "list")
+"""Callbacks with HTML/store outputs that flag themselves busy, so a live refresh
+never supersedes (and so starves) them on a slow server."""
 
 
 def create_dash_app(
@@ -67,6 +70,8 @@ def create_dash_app(
             dcc.Location(id="url", refresh=False),
             dcc.Interval(id="refresh", interval=int(max(refresh_s, 0.5) * 1000), disabled=refresh_s == 0),
             dcc.Store(id="tick", data=0),
+            # True while a slow, non-graph callback is in flight (set via ``running``).
+            *[dcc.Store(id=f"busy-{name}", data=False) for name in BUSY_FLAGS],
             html.Nav(
                 [
                     html.Span("fleetscope", className="fs-brand"),
@@ -101,14 +106,15 @@ def create_dash_app(
     # Live refresh "ticks" only when no graph is still waiting for its previous update,
     # so a slow server is never buried under overlapping refreshes.
     app.clientside_callback(
-        """function (n) {
-            if (document.querySelector('[data-dash-is-loading="true"]')) {
+        """function (n, ...busy) {
+            if (busy.some(Boolean) || document.querySelector('[data-dash-is-loading="true"]')) {
                 return window.dash_clientside.no_update;
             }
             return n;
         }""",
         Output("tick", "data"),
         Input("refresh", "n_intervals"),
+        *[State(f"busy-{name}", "data") for name in BUSY_FLAGS],
         prevent_initial_call=True,
     )
 

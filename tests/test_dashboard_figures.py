@@ -47,7 +47,7 @@ def test_heatmap_payload_and_figure_mark_the_culprit_row():
     assert p["rank"][5] == [5, 5]
     fig = build_heatmap(json.loads(json.dumps(p)), culprits=[5])
     assert fig["data"][0]["y"][5] == TOPO.label(5) and fig["data"][0]["customdata"][5] == [5, 5]
-    assert fig["data"][1]["text"] == ["◀ culprit r5"] and fig["data"][1]["y"] == [TOPO.label(5)]
+    assert fig["data"][1]["text"] == ["culprit r5"] and fig["data"][1]["y"] == [TOPO.label(5)]
     # one white separator between the two pipeline stages
     assert len([s for s in fig["layout"]["shapes"] if s.get("line", {}).get("color") == "white"]) == 1
 

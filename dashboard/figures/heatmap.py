@@ -67,7 +67,7 @@ def build_heatmap(
             customdata=[[0]],
             hovertemplate=hover,
             colorscale=palette.SCALAR_COLORSCALE,
-            colorbar=dict(title=dict(text=unit, side="right"), thickness=12),
+            colorbar=dict(title=dict(text=unit, side="right"), thickness=12, x=1.0, xanchor="left", xpad=110),
             ygap=1 if len(labels) <= 64 else 0,
             name="heatmap",
         )
@@ -91,7 +91,7 @@ def build_heatmap(
             f" — {data.get('agg', 'max')} of {data.get('row_bucket', 1)} ranks"
             f" × {step_bucket} steps per cell"
         )
-    base_layout(fig, height=height, title=dict(text=title, x=0.01, font_size=14), margin=dict(r=120, l=10, t=36, b=30))
+    base_layout(fig, height=height, title=dict(text=title, x=0.01, font_size=14), margin=dict(r=170, l=10, t=36, b=30))
     out = fig.to_dict()
     out["data"][0].update(z=z, x=steps, y=labels, customdata=ranks_cells)
     out["layout"]["shapes"] = separators + list(out["layout"].get("shapes", []))
@@ -128,7 +128,7 @@ def culprit_trace(meta: dict[str, Any], culprits: Sequence[int]) -> go.Scatter:
         y=[labels[i] for i in rows],
         mode="markers+text",
         marker=dict(symbol="triangle-left", size=13, color=palette.CULPRIT_COLOR),
-        text=["◀ culprit r" + ",".join(str(r) for r in rs) for rs in rows.values()],
+        text=["culprit r" + ",".join(str(r) for r in rs) for rs in rows.values()],
         textposition="middle right",
         textfont=dict(color=palette.CULPRIT_COLOR, size=12),
         hovertemplate="%{text}<extra></extra>",

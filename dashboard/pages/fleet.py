@@ -33,7 +33,12 @@ def layout(app: dash.Dash) -> html.Div:
 
 
 def register(app: dash.Dash, client: ApiClient) -> None:
-    @app.callback(Output("fleet-jobs", "children"), Input("tick", "data"), Input("url", "pathname"))
+    @app.callback(
+        Output("fleet-jobs", "children"),
+        Input("tick", "data"),
+        Input("url", "pathname"),
+        running=[(Output("busy-list", "data"), True, False)],
+    )
     def jobs(_n, _path):
         res = client.jobs()
         if not res.ok:

@@ -84,7 +84,12 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         search = "?" + urlencode({k: v for k, v in q.items() if v not in (None, "")})
         return search, f"{pathname}{search}"
 
-    @app.callback(Output("job-header", "children"), Input("tick", "data"), Input("job-id", "data"))
+    @app.callback(
+        Output("job-header", "children"),
+        Input("tick", "data"),
+        Input("job-id", "data"),
+        running=[(Output("busy-header", "data"), True, False)],
+    )
     def header(_n, job):
         res = client.job(job)
         if not res.ok:
@@ -125,7 +130,12 @@ def register(app: dash.Dash, client: ApiClient) -> None:
 
     # Diagnosis (and the timeline) load after the heat-map: the page is usable first,
     # and the server's detectors never delay the heat-map of a large job.
-    @app.callback(Output("diag", "data"), Input("hm-meta", "data"), State("job-id", "data"))
+    @app.callback(
+        Output("diag", "data"),
+        Input("hm-meta", "data"),
+        State("job-id", "data"),
+        running=[(Output("busy-diag", "data"), True, False)],
+    )
     def diagnosis(_meta, job):
         culprits: list[int] = []
         out: dict[str, Any] = {"ts": time.time()}

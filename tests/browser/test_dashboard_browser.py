@@ -15,8 +15,6 @@ from tests.helpers.server import running_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-JOB = reference_job.JOB
-
 # Plotly keeps the figure on the graph div: read it instead of guessing from pixels.
 TRACES_JS = """
 const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
@@ -50,6 +48,7 @@ def scenario(tmp_path_factory) -> Iterator[reference_job.ReferenceJob]:
     workdir = tmp_path_factory.mktemp("dashboard-browser")
     with running_server(workdir, **reference_job.SERVER_SETTINGS) as url:
         rj = reference_job.launch(url, workdir)
+        print(f"\nbrowser tests run on the {rj.source} job {rj.job!r}")
         try:
             yield rj
         finally:
@@ -57,7 +56,7 @@ def scenario(tmp_path_factory) -> Iterator[reference_job.ReferenceJob]:
 
 
 def open_job(browser, scenario, query: str = "") -> None:
-    browser.get(f"{scenario.url}/ui/jobs/{JOB}{query}")
+    browser.get(f"{scenario.url}/ui/jobs/{scenario.job}{query}")
     wait_for(browser, lambda: any(t["type"] == "heatmap" for t in traces(browser, "heatmap") or []),
              what="the heat-map to render")  # fmt: skip
 
@@ -162,7 +161,7 @@ def test_clicking_a_heatmap_cell_opens_that_rank(browser, scenario):
 
 def test_fleet_page_lists_the_job(browser, scenario):
     browser.get(f"{scenario.url}/ui/")
-    row = wait_for(browser, lambda: JOB in browser.find_element("id", "fleet-jobs").text
+    row = wait_for(browser, lambda: scenario.job in browser.find_element("id", "fleet-jobs").text
                    and browser.find_element("id", "fleet-jobs").text, what="the job row")  # fmt: skip
     assert "DP 2 × PP 2 × TP 2" in row
     wait_for(browser, lambda: "hang" in browser.find_element("id", "fleet-incidents").text.lower()
@@ -173,7 +172,7 @@ def test_fleet_page_lists_the_job(browser, scenario):
 
 def test_incident_page_acknowledges_an_incident(browser, scenario):
     api = f"{scenario.url}/api/v1"
-    items = httpx.get(f"{api}/incidents", params={"job": JOB, "status": "open"}, timeout=10).json()["items"]
+    items = httpx.get(f"{api}/incidents", params={"job": scenario.job, "status": "open"}, timeout=10).json()["items"]
     assert items, "no open incident to acknowledge"
     iid = str(items[0]["id"])
     browser.get(f"{scenario.url}/ui/incidents")
