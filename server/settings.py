@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     """Rows accepted but not yet written; beyond it ingest answers 429 + Retry-After."""
     max_insert_rows: int = Field(2_000_000, ge=1000, le=50_000_000)
     """Most rows the writer coalesces into one insert per table."""
-    coalesce_linger_ms: float = Field(50.0, ge=0, le=1000)
+    coalesce_linger_ms: float = Field(50.0, ge=0, le=10_000)
     """Longest wait for more batches before an insert smaller than min_insert_rows."""
     min_insert_rows: int = Field(200_000, ge=1, le=50_000_000)
     """Queued rows at which the writer inserts at once, without lingering."""

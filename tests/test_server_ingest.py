@@ -215,16 +215,19 @@ def test_round_trip_every_type_arrow_and_json_survives_restart(tmp_path):
 
     t0 = now_ns()
     arrow_batch, json_batch = sample_batch(4, job="rt-arrow", t0_ns=t0), sample_batch(3, job="rt-json", t0_ns=t0)
-    # a small queue and a long linger make backpressure deterministic (checked at the end)
-    with running_server(tmp_path, max_queue_rows=1000, coalesce_linger_ms=600) as url:
-        r = httpx.post(f"{url.api}/ingest", content=codec.encode_batch(arrow_batch), headers=ARROW)
-        assert r.status_code == 200 and r.json()["rows"] == {n: 4 for n in RECORD_TYPES}
-        r = httpx.post(f"{url.api}/ingest", content=codec.encode_json(json_batch), headers={"Content-Type": "application/json"})
-        assert r.status_code == 200 and r.json()["rows"] == {n: 3 for n in RECORD_TYPES}
+    # a small queue and a long linger make backpressure deterministic (checked below)
+    with running_server(tmp_path, max_queue_rows=1000, min_insert_rows=1000, coalesce_linger_ms=3000) as url:
+        with cf.ThreadPoolExecutor(2) as ex:  # both batches in one (lingering) group
+            r1 = ex.submit(httpx.post, f"{url.api}/ingest", content=codec.encode_batch(arrow_batch), headers=ARROW, timeout=60)
+            r2 = ex.submit(httpx.post, f"{url.api}/ingest", content=codec.encode_json(json_batch),
+                           headers={"Content-Type": "application/json"}, timeout=60)  # fmt: skip
+            r1, r2 = r1.result(), r2.result()
+        assert r1.status_code == 200 and r1.json()["rows"] == {n: 4 for n in RECORD_TYPES}
+        assert r2.status_code == 200 and r2.json()["rows"] == {n: 3 for n in RECORD_TYPES}
 
         big = codec.encode_batch({"metrics": sample_rows("metrics", 800, job="bp")})
         with cf.ThreadPoolExecutor(2) as ex:
-            first = ex.submit(httpx.post, f"{url.api}/ingest", content=big, headers=ARROW, timeout=30)
+            first = ex.submit(httpx.post, f"{url.api}/ingest", content=big, headers=ARROW, timeout=60)
             while httpx.get(f"{url.api}/store/stats").json()["queued_rows"] < 800:
                 time.sleep(0.02)  # until the first batch is queued (lingering)
             second = httpx.post(f"{url.api}/ingest", content=big, headers=ARROW, timeout=30)
