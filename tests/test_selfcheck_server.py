@@ -169,7 +169,7 @@ def test_preflight_on_every_rank_records_which_hosts_passed(server, tmp_path):
 def test_selfcheck_failures_raise_alerts_through_the_existing_rules(server, receiver):
     """Runs after the preflight test, whose rank 2 (host pf-host2) failed its numerics."""
     auth = server.auth_headers
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # generous: the shared test machine may be overloaded
     incidents: list[dict] = []
     while time.monotonic() < deadline:
         page = httpx.get(f"{server.api}/incidents", params={"job": "selfcheck"}, headers=auth,
@@ -183,7 +183,8 @@ def test_selfcheck_failures_raise_alerts_through_the_existing_rules(server, rece
     assert inc["kind"] == "hardware_error" and inc["severity"] == "critical"
     assert inc["status"] == "open" and "self-check" in inc["summary"]
     alerts = [a for b in receiver.bodies for a in b.get("alerts", []) if "pf-host2" in json.dumps(a)]
-    assert alerts and alerts[0]["status"] == "firing"
+    outbox = httpx.get(f"{server.api}/alerts/outbox", headers=auth, timeout=30).json()
+    assert alerts and alerts[0]["status"] == "firing", outbox
     # the healthy ranks' numerics agreed and nothing failed (their timings, measured on a
     # loaded shared machine with the server's default thresholds, are not asserted here)
     healthy = [i["summary"] for i in page["items"] if i["hosts"] in (["pf-host0"], ["pf-host1"])]
