@@ -57,8 +57,9 @@ def register(app: dash.Dash, client: ApiClient) -> None:
             rate = detail.get("steps_per_s")
             rows.append(
                 [
-                    dcc.Link(j.get("name") or j["id"], href=app.get_relative_path(f"/jobs/{j['id']}"),
-                             id={"type": "job-link", "job": j["id"]}),
+                    html.Div([dcc.Link(j["id"], href=app.get_relative_path(f"/jobs/{j['id']}"),
+                                       id={"type": "job-link", "job": j["id"]}),
+                              html.Div(j.get("name") or "", className="fs-msg", style={"padding": 0})]),
                     state_badge(j.get("status", "?")),
                     f"DP {t.get('dp')} × PP {t.get('pp')} × TP {t.get('tp')} ({t.get('world_size')} ranks)",
                     "-" if detail.get("last_step") is None else str(detail["last_step"]),

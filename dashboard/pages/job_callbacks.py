@@ -264,8 +264,8 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         State("job-id", "data"),
     )
     def timeline(sel, ranks, from_step, to_step, _meta, job):
-        if ctx.triggered_id == "hm-meta" and (sel or {}).get("step") is not None:
-            return no_update  # a pinned step does not change with time
+        # Refetched even for a pinned step: a newer trigger supersedes the one in flight,
+        # so skipping here could leave the panel without any answer.
         res = client.timeline(job, **timeline_params(sel, ranks, from_step, to_step))
         return build_timeline(res.data) if res.ok else _fig_error(res, "the timeline", 320)
 

@@ -115,8 +115,8 @@ def test_hang_view_names_the_culprit(browser, scenario):
     assert f"rank {reference_job.HANG_RANK} " in culprit + " "
     chain = browser.find_element("id", "hang-chain").text
     assert f"waits on rank {reference_job.HANG_RANK}" in chain
-    progress = browser.find_element("id", "hang-progress").text
-    assert "seq reached" in progress and "heartbeat" in progress
+    progress = browser.find_element("id", "hang-progress").text.lower()  # headers are upper-cased by CSS
+    assert "seq reached" in progress and "heartbeat" in progress and "alive" in progress
     card = browser.find_element("id", "hang-card")
     browser.execute_script("arguments[0].scrollIntoView()", card)
     card.screenshot(str(screenshot(browser, "hang_page").with_name("hang_view.png")))
