@@ -141,11 +141,17 @@ def test_clicking_a_heatmap_cell_opens_that_rank(browser, scenario):
         """, target), what="the heat-map cell position")  # fmt: skip
     plot = browser.find_element("css selector", "#heatmap .js-plotly-plot")
     browser.execute_script("arguments[0].scrollIntoView()", plot)
-    ActionChains(browser).move_to_element_with_offset(
-        plot, int(pos["x"] - pos["w"] / 2), int(pos["y"] - pos["h"] / 2)
-    ).click().perform()
+    for _attempt in range(3):  # a live refresh may redraw the plot under the pointer: retry
+        ActionChains(browser).move_to_element_with_offset(
+            plot, int(pos["x"] - pos["w"] / 2), int(pos["y"] - pos["h"] / 2)
+        ).click().perform()
+        try:
+            wait_for(browser, lambda: f"rank={target}" in browser.current_url, timeout_s=15, what="the URL")
+            break
+        except AssertionError:
+            plot = browser.find_element("css selector", "#heatmap .js-plotly-plot")
     sel = wait_for(browser, lambda: browser.find_element("id", "selected-rank").text == f"rank {target}",
-                   what="the selected rank panel")  # fmt: skip
+                   timeout_s=90, what="the selected rank panel")  # fmt: skip
     assert sel
     assert f"rank={target}" in browser.current_url and f"step={pos['step']}" in browser.current_url
     # The timeline follows the selection: the pipeline chain through rank 5.
