@@ -213,13 +213,15 @@ def rank_step_breakdown(
 
 
 def group_transfer(arr: pd.DataFrame) -> pd.DataFrame:
-    """Per (group_id, axis, step): link time (completion - last arrival) summed over ops.
+    """Per (group_id, axis, step): link time (completion - last arrival) of the group's ops.
 
-    Each op counts once per group (its minimum over members), so a group's figure does
-    not grow with the group size.
+    Each op counts once per group (its minimum over members). ``transfer_ns`` is the sum
+    over the step's ops, ``op_transfer_ns`` the median op (robust to a descheduled
+    process stretching one op), ``num_ops`` the number of ops.
     """
+    cols = ["group_id", "axis", "step", "transfer_ns", "op_transfer_ns", "num_ops", "bytes"]
     if arr.empty:
-        return pd.DataFrame(columns=["group_id", "axis", "step", "transfer_ns", "bytes"])
+        return pd.DataFrame(columns=cols)
     is_p2p = arr["op"].isin(P2P_OPS)
     coll = arr[~is_p2p].groupby(["group_id", "axis", "step", "seq"], as_index=False).agg(
         transfer_ns=("transfer_ns", "min"), bytes=("bytes", "max"))
@@ -227,4 +229,5 @@ def group_transfer(arr: pd.DataFrame) -> pd.DataFrame:
     p2p = p2p[["group_id", "axis", "step", "seq", "transfer_ns", "bytes"]]
     both = pd.concat([x for x in (coll, p2p) if not x.empty] or [coll], ignore_index=True)
     return both.groupby(["group_id", "axis", "step"], as_index=False).agg(
-        transfer_ns=("transfer_ns", "sum"), bytes=("bytes", "sum"))
+        transfer_ns=("transfer_ns", "sum"), op_transfer_ns=("transfer_ns", "median"),
+        num_ops=("transfer_ns", "size"), bytes=("bytes", "sum"))

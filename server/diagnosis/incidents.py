@@ -55,6 +55,15 @@ def sync_incidents(session: Session, job: str, findings: list[Finding], now_ns: 
             what = "opened"
         else:
             what = "updated"
+        if what == "updated" and f.kind.value == "hang" and f.evidence.get("all_dead"):
+            old_ev = json.loads(inc.evidence or "{}")
+            if not old_ev.get("all_dead") and json.loads(inc.ranks or "[]"):
+                # the processes went away after a live diagnosis (killed by an operator or
+                # the launcher): keep the culprits found while they were alive
+                old_ev["all_dead_later"] = True
+                inc.evidence = dumps(old_ev)
+                inc.last_seen_ns = now_ns
+                continue
         material = what == "opened" or _material(inc, f)
         inc.severity = f.severity.value
         inc.summary = f.summary

@@ -64,6 +64,10 @@ class StragglerConfig:
     spike_min_effect: float = 0.15
     """...and at least this much relative excess."""
     min_spikes: int = 3
+    top_steps: int = 12
+    """Steps of the distribution-free 'slowest of its stage' test on each component..."""
+    top_alpha: float = 1e-4
+    """...and its significance level."""
     link_min_effect: float = 0.5
     """Smallest relative excess of a group's link time reported (50%)..."""
     link_min_step_frac: float = 0.02
@@ -154,6 +158,20 @@ def detect_stragglers(
 
     comps = {c: _matrix(bd, c, ranks, steps) for c in COMPONENT_KIND}
     comp_refs = {c: _reference(m, list(groups.values())) for c, m in comps.items()}
+    # a component can be significant on its own while the busy total is too noisy to show
+    # it (a slow data loader inside a long step): same test, plus a materiality floor
+    material = config.min_effect * np.median(ref[:, -k:], axis=1)
+    comp_hit: dict[str, np.ndarray] = {}
+    comp_med: dict[str, np.ndarray] = {}
+    for c in ("compute_ns", "dataloader_ns", "optimizer_ns", "untimed_ns"):
+        lr_c = _log_ratio(comps[c], comp_refs[c])
+        sig_c = _sigma(lr_c)
+        thr_c = max(math.log1p(config.min_effect), config.z * 1.2533 * sig_c / math.sqrt(k))
+        med_c = np.median(lr_c[:, -k:], axis=1)
+        ex_c = np.median(comps[c][:, -k:] - comp_refs[c][:, -k:], axis=1)
+        comp_med[c] = med_c / thr_c
+        significant = (med_c > thr_c) & ((lr_c[:, -k:] > thr_c / 2).mean(axis=1) >= config.persist_frac)
+        comp_hit[c] = (significant | _top_test(comps[c], groups, config)) & (ex_c >= material)
     findings: list[Finding] = []
     for r in ranks:
         i = idx[r]
@@ -172,15 +190,21 @@ def detect_stragglers(
             },
             **_arrival_evidence(arrivals, r, steps[-k:]),
         }
-        if persistent[i]:
+        hits = [c for c in comp_hit if comp_hit[c][i]]
+        if persistent[i] or hits:
             ex = {c: float(np.median(comps[c][i, -k:] - comp_refs[c][i, -k:])) for c in COMPONENT_KIND}
+            if not persistent[i]:
+                ex = {c: ex[c] for c in hits}
             kind = COMPONENT_KIND[max(ex, key=lambda c: ex[c])]
+            score = float(med_recent[i] / thr) if persistent[i] else float(max(comp_med[c][i] for c in hits))
+            base["significant_components"] = [c[:-3] for c in hits]
             above = np.nonzero(lr[i] > thr / 2)[0]
             run_start = _run_start(lr[i] > thr / 2)
             findings.append(_finding(
-                job, kind, [r], float(med_recent[i] / thr), steps[run_start] if len(above) else steps[-k],
+                job, kind, [r], score, steps[run_start] if len(above) else steps[-k],
                 steps[-1], hosts, profile, excess_ns / max(step_ns, 1.0), base,
-                f"rank {r} ({topo.label(r)}) own work {math.expm1(med_recent[i]):.0%} above its stage peers",
+                f"rank {r} ({topo.label(r)}) {kind.value.replace('_', ' ')}: own work "
+                f"{math.expm1(med_recent[i]):.0%} above its stage peers",
             ))
         elif spikes[i] >= max(config.min_spikes, 2 + 2 * float(np.median(spikes))) and spikes[i] <= 0.6 * len(steps):
             spike_steps = [steps[j] for j in np.nonzero(lr[i] > spike_thr)[0]]
@@ -197,6 +221,28 @@ def detect_stragglers(
     flagged = {r for f in findings for r in f.ranks}
     findings += _slow_links(job, topo, arrivals, steps, flagged, step_ns, hosts, profile, config)
     return sorted(findings, key=lambda f: (-f.est_slowdown, -f.score))
+
+
+def _top_test(x: np.ndarray, groups: dict[int, list[int]], config: StragglerConfig) -> np.ndarray:
+    """Distribution-free persistence test for heavy-tailed timings: a rank that is the
+    slowest of its n stage peers in h of the last k steps, where under exchangeable
+    noise h ~ Binomial(k, 1/n), is flagged when P(X >= h) < ``config.top_alpha``."""
+    from math import comb
+
+    out = np.zeros(x.shape[0], dtype=bool)
+    k = min(config.top_steps, x.shape[1])
+    for members in groups.values():
+        n = len(members)
+        if n < 3 or k < config.min_steps:
+            continue
+        sub = x[members, -k:]
+        top = sub >= sub.max(axis=0, keepdims=True)
+        unique_top = top.sum(axis=0) == 1  # ties (all zero) count for nobody
+        hits = (top & unique_top).sum(axis=1)
+        for j, h in enumerate(hits):
+            p = sum(comb(k, i) * (1 / n) ** i * (1 - 1 / n) ** (k - i) for i in range(int(h), k + 1))
+            out[members[j]] = p < config.top_alpha
+    return out
 
 
 def _run_start(mask: np.ndarray) -> int:
@@ -248,25 +294,30 @@ def _slow_links(job, topo, arr, steps, flagged, step_ns, hosts, profile, config)
     out: list[Finding] = []
     lr_all, per_axis = [], {}
     for axis, g in gt.groupby("axis"):
-        m = g.pivot_table(index="group_id", columns="step", values="transfer_ns", aggfunc="sum")
+        m = g.pivot_table(index="group_id", columns="step", values="op_transfer_ns", aggfunc="sum")
         m = m.reindex(columns=steps).dropna(axis=1)
         if len(m) < 3 or m.shape[1] < config.min_steps:
             continue
+        n_ops = g.pivot_table(index="group_id", columns="step", values="num_ops", aggfunc="sum")
+        n_ops = n_ops.reindex(index=m.index, columns=m.columns).fillna(0).to_numpy(dtype=float)
         x = m.to_numpy(dtype=float)
         ref = _reference(x, [list(range(len(m)))])
         lr = _log_ratio(x, ref)
-        per_axis[axis] = (m.index.tolist(), x, ref, lr)
+        per_axis[axis] = (m.index.tolist(), x, ref, lr, n_ops)
         lr_all.append(lr.ravel())
     if not per_axis:
         return []
     sigma = _sigma(np.concatenate(lr_all))
-    for axis, (gids, x, ref, lr) in per_axis.items():
+    for axis, (gids, x, ref, lr, n_ops) in per_axis.items():
         k = min(config.recent_steps, lr.shape[1])
         thr = max(math.log1p(config.link_min_effect), config.z * 1.2533 * sigma / math.sqrt(k))
+        top = _top_test(x, {0: list(range(len(gids)))}, config)
         for i, gid in enumerate(gids):
             med = float(np.median(lr[i, -k:]))
-            excess = float(np.median(x[i, -k:] - ref[i, -k:]))
-            if med <= thr or (lr[i, -k:] > thr / 2).mean() < config.persist_frac:
+            # per-step cost: the typical op's excess times the ops per step
+            excess = float(np.median((x[i, -k:] - ref[i, -k:]) * n_ops[i, -k:]))
+            significant = med > thr and (lr[i, -k:] > thr / 2).mean() >= config.persist_frac
+            if not (significant or (top[i] and med > math.log1p(config.link_min_effect))):
                 continue
             if excess < config.link_min_step_frac * step_ns:
                 continue
@@ -279,8 +330,10 @@ def _slow_links(job, topo, arr, steps, flagged, step_ns, hosts, profile, config)
             out.append(_finding(
                 job, FindingKind.SLOW_LINK, members, med / thr, steps[_run_start(lr[i] > thr / 2)],
                 steps[-1], hosts, profile, excess / max(step_ns, 1.0),
-                {"axis": axis, "link_ms_per_step": round(float(np.median(x[i, -k:])) / 1e6, 3),
-                 "peer_groups_link_ms_per_step": round(float(np.median(ref[i, -k:])) / 1e6, 3),
+                {"axis": axis, "median_op_link_ms": round(float(np.median(x[i, -k:])) / 1e6, 3),
+                 "peer_groups_median_op_link_ms": round(float(np.median(ref[i, -k:])) / 1e6, 3),
+                 "ops_per_step": float(np.median(n_ops[i, -k:])),
+                 "excess_ms_per_step": round(excess / 1e6, 3),
                  "noise_sigma": round(sigma, 4), "threshold": round(thr, 4)},
                 f"group {gid} transfers {math.expm1(med):.0%} slower than other {axis} groups "
                 f"while its members' compute is normal",
