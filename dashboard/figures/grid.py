@@ -45,9 +45,9 @@ def build_grid(
     fig = make_subplots(
         rows=n_rows,
         cols=n_cols,
-        subplot_titles=[f"pipeline stage pp{s}" for s in range(pp)],
+        subplot_titles=[f"pipeline stage pp{s}" if pp <= 2 else f"pp{s}" for s in range(pp)],
         horizontal_spacing=0.06 if n_cols > 1 else 0.0,
-        vertical_spacing=0.12 if n_rows > 1 else 0.0,
+        vertical_spacing=0.16 if n_rows > 1 else 0.0,
     )
     scores = [s for s in cells["score"] if s is not None]
     cmin = min(scores) if scores else 0.0
@@ -83,15 +83,15 @@ def build_grid(
                 zmax=cmax,
                 showscale=stage == 0,
                 colorbar=dict(title=dict(text=label, side="right"), thickness=12),
-                xgap=1,
-                ygap=1,
+                xgap=1 if n_dp <= 16 else 0,
+                ygap=1 if n_dp <= 16 else 0,
                 name=f"pp{stage}",
             ),
             row=row,
             col=col,
         )
         fig.update_xaxes(
-            title_text="dp" if dp_bucket == 1 else f"dp (÷{dp_bucket})",
+            title_text="dp" if dp_bucket == 1 else f"dp÷{dp_bucket}",
             dtick=1 if n_dp <= 16 else None,
             row=row,
             col=col,
