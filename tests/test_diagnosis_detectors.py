@@ -193,15 +193,15 @@ def test_hang_process_dead():
 def test_crash_everyone_dead_first_to_die_is_culprit():
     hb = _hb(dead=tuple(range(8))).assign(dead_since_ns=lambda d: np.where(d["rank"] == 5, NOW - 40 * 10**9, NOW - 39 * 10**9))
     # survivors' last in-flight rows: blocked in collectives/p2p that rank 5 never joined
-    rows = [_inf(4, "collective", "all_reduce", "tp.pp1.dp0", 42, ts=NOW - 39 * 10**9)]
-    rows += [_inf(r, "p2p", "recv", TOPO.group_id("pp", r), 20, peer=r + 4, ts=NOW - 39 * 10**9) for r in range(4)]
-    rows += [_inf(r, "collective", "all_reduce", TOPO.group_id("dp", r), 9, ts=NOW - 39 * 10**9) for r in (6, 7)]
+    rows = [_inf(4, "collective", "all_reduce", "tp.pp1.dp0", 42, ts=NOW - 30 * 10**9)]
+    rows += [_inf(r, "p2p", "recv", TOPO.group_id("pp", r), 20, peer=r + 4, ts=NOW - 30 * 10**9) for r in range(4)]
+    rows += [_inf(r, "collective", "all_reduce", TOPO.group_id("dp", r), 9, ts=NOW - 30 * 10**9) for r in (6, 7)]
     a = analyse_hang("j", TOPO, NOW, _steps(NOW - 45 * 10**9), pd.DataFrame(rows), hb, _progress(),
                      last_seen={r: NOW - (42 if r == 5 else 39) * 10**9 for r in range(8)})
     assert a.culprits == (5,) and a.hang_class == HangClass.PROCESS_DEAD
     assert a.evidence["silent_before_others_s"] == pytest.approx(3.0)
     # everyone exited with nobody blocked: the job ended normally, not a hang
-    assert not _analyse([_inf(r, "idle", ts=NOW - 39 * 10**9) for r in range(8)], hb=hb).stalled
+    assert not _analyse([_inf(r, "idle", ts=NOW - 30 * 10**9) for r in range(8)], hb=hb).stalled
 
 
 def test_hang_inside_collective_with_all_peers_present_is_link_fault():

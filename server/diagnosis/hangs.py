@@ -46,6 +46,9 @@ class HangConfig:
     """An in-flight record older than this no longer describes the rank."""
     heartbeat_stale_s: float = 15.0
     """A heartbeat older than this means the host/agent is gone."""
+    min_blocked_s: float = 2.0
+    """An in-flight op/section younger than this (at the time of its record) is a snapshot
+    of a running rank, not a rank that is stuck."""
     dead_rank_min_s: float = 5.0
     """Stall threshold once a rank's process is known dead (no step can complete)."""
 
@@ -87,8 +90,10 @@ def rank_states(
         h = hb.get(r)
         host = str(h["host"]) if h is not None else ""
         row = inf.get(r)
+        stuck = row is not None and row["kind"] in ("collective", "p2p", "section") and (
+            int(row["ts_ns"]) - int(row["since_ns"]) >= config.min_blocked_s * 1e9)
         if ignore_death:
-            if row is not None and row["kind"] in ("collective", "p2p", "section"):
+            if stuck:
                 out[r] = RankState(r, str(row["kind"]), str(row["op"]), str(row["group_id"]),
                                    int(row["seq"]), int(row["peer"]), int(row["since_ns"]), host)
             else:
@@ -99,7 +104,7 @@ def rank_states(
             continue
         fresh = row is not None and now_ns - int(row["ts_ns"]) <= config.inflight_stale_s * 1e9
         hb_fresh = h is not None and now_ns - int(h["ts_ns"]) <= config.heartbeat_stale_s * 1e9
-        if fresh and row["kind"] in ("collective", "p2p", "section"):
+        if fresh and stuck:
             out[r] = RankState(r, str(row["kind"]), str(row["op"]), str(row["group_id"]),
                                int(row["seq"]), int(row["peer"]), int(row["since_ns"]), host)
         elif hb_fresh:
