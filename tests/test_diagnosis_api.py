@@ -135,13 +135,14 @@ def test_straggler_and_hang_incidents_alert_webhook(tmp_path, receiver):
         assert m["mfu"] is None and m["flops_per_s"] > 0 and len(m["steps"]) >= 20
         assert HTTP.get(f"{api}/jobs/nope/stragglers").status_code == 404
 
-        got = wait_for(lambda: [p for p in receiver.payloads() if p["commonLabels"].get("job") == "strag"], 30,
-                       "straggler webhook")
-        p = got[0]
+        got = wait_for(lambda: [(i, p) for i, p in enumerate(receiver.payloads())
+                                if p["groupLabels"] == {"alertname": "FleetscopeStraggler", "job": "strag"}],
+                       30, "straggler webhook")
+        i, p = got[0]
         assert p["version"] == "4" and p["status"] == "firing"
         a = p["alerts"][0]
-        assert a["labels"]["alertname"] == "FleetscopeStraggler" and json.loads(a["annotations"]["culprit_ranks"]) == [5]
-        headers, body, _ = receiver.got[0]
+        assert a["labels"]["kind"] == "slow_compute" and json.loads(a["annotations"]["culprit_ranks"]) == [5]
+        headers, body, _ = receiver.got[i]
         assert verify(SECRET, headers, body) and not verify("wrong-secret", headers, body)
 
         # a hang: steps stop; rank 3 stuck in forward, its TP peer waits in the collective
