@@ -15,6 +15,7 @@ Conventions:
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -53,6 +54,7 @@ PYTHON_TYPES: Final[dict[ColType, type]] = {
 }
 
 
+@functools.cache
 def arrow_type(t: ColType) -> Any:
     """The Arrow type of a logical column type (imported lazily: pyarrow is heavy)."""
     import pyarrow as pa
@@ -103,6 +105,10 @@ class RecordType:
         return tuple(c.name for c in self.columns)
 
     def arrow_schema(self) -> Any:
+        """The canonical Arrow schema (cached: codec hot paths call this per table)."""
+        return _arrow_schema(self)
+
+    def _build_arrow_schema(self) -> Any:
         import pyarrow as pa
 
         return pa.schema(
@@ -112,6 +118,11 @@ class RecordType:
                 b"fleetscope.schema_version": str(SCHEMA_VERSION).encode(),
             },
         )
+
+
+@functools.cache
+def _arrow_schema(rt: RecordType) -> Any:
+    return rt._build_arrow_schema()
 
 
 def _c(name: str, t: ColType, doc: str = "", default: Any = None) -> Column:
