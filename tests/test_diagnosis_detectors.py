@@ -291,3 +291,12 @@ def test_hung_job_killed_afterwards_keeps_the_hang_culprit():
     a2 = analyse_hang("j", TOPO, NOW, _steps(NOW - 45 * 10**9), pd.DataFrame(rows), hb, _progress(),
                       last_seen={r: NOW - (25 if r == 5 else 20) * 10**9 for r in range(8)})
     assert a2.culprits == (5,) and a2.hang_class == HangClass.PROCESS_DEAD
+
+
+def test_crash_then_launcher_kills_the_rest_before_anyone_blocks():
+    # rank 5 exits; 3 s later the launcher stops the others, none blocked long enough
+    hb = _hb(dead=tuple(range(8))).assign(dead_since_ns=NOW - 20 * 10**9)
+    rows = [_inf(r, "idle", ts=NOW - (25 if r == 5 else 22) * 10**9) for r in range(8)]
+    a = analyse_hang("j", TOPO, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), hb, _progress(),
+                     last_seen={r: NOW - (25 if r == 5 else 22) * 10**9 for r in range(8)})
+    assert a.stalled and a.culprits == (5,) and a.hang_class == HangClass.PROCESS_DEAD

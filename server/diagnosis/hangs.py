@@ -31,7 +31,7 @@ from fleetscope.topology import Topology
 from .breakdown import P2P_OPS
 from .findings import Finding, FindingKind, HangAnalysis, HangClass, Severity
 
-CRASH_GAP_NS = 1_000_000_000
+CRASH_GAP_NS = 1_500_000_000
 """A rank silent this much before the others (while they still wrote in-flight records
 every ~0.5 s) died first."""
 
@@ -304,11 +304,15 @@ def analyse_hang(
     stalled_for = (now_ns - last_end) / 1e9 if last_end > 0 else 0.0
     states = rank_states(topo, inflight, heartbeats, now_ns, config)
     last_known = rank_states(topo, inflight, heartbeats, now_ns, config, ignore_death=True)
-    if all(st.kind == "dead" for st in states.values()) and not any(
-            st.kind in ("collective", "p2p") for st in last_known.values()):
-        # every process exited and nobody was blocked: the job ended (its final status
-        # record may still be on its way)
-        return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step)
+    if all(st.kind == "dead" for st in states.values()):
+        seen = [(last_seen or {}).get(r) or st.since_ns for r, st in states.items()]
+        went_first = sorted(seen)[1] - min(seen) > CRASH_GAP_NS if len(seen) > 1 else False
+        if went_first:  # one rank went silent while the others still reported: a crash
+            threshold = 0.0
+        elif not any(st.kind in ("collective", "p2p") for st in last_known.values()):
+            # every process exited together and nobody was blocked: the job ended (its
+            # final status record may still be on its way)
+            return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step)
     dead_for = _dead_for_s(topo, heartbeats, now_ns)
     if dead_for >= config.dead_rank_min_s:  # a rank process is gone: no step can complete
         threshold = min(threshold, config.dead_rank_min_s)
