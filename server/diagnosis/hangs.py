@@ -32,6 +32,8 @@ from .breakdown import P2P_OPS
 from .findings import Finding, FindingKind, HangAnalysis, HangClass, Severity
 
 CRASH_GAP_NS = 1_500_000_000
+DEATH_GAP_NS = 500_000_000
+"""Heartbeats (every ~2 s) that saw one rank dead before the others died first."""
 """A rank silent this much before the others (while they still wrote in-flight records
 every ~0.5 s) died first."""
 
@@ -182,9 +184,14 @@ def localise(
         "rank_states": {str(r): _where(s) for r, s in sorted(states.items())},
     }
     if dead and len(dead) == len(states):  # everything is gone: who went first?
-        seen = {r: (last_seen or {}).get(r) or states[r].since_ns for r in dead}
+        died = {r: states[r].since_ns for r in dead}
+        by_death = sorted(died.values())
+        if len(by_death) > 1 and by_death[1] - by_death[0] >= DEATH_GAP_NS:
+            seen, gap = died, DEATH_GAP_NS  # the agent saw one process gone while others ran
+        else:
+            seen, gap = {r: (last_seen or {}).get(r) or states[r].since_ns for r in dead}, CRASH_GAP_NS
         t_first = min(seen.values())
-        first_dead = tuple(sorted(r for r in dead if seen[r] - t_first <= CRASH_GAP_NS))
+        first_dead = tuple(sorted(r for r in dead if seen[r] - t_first < gap))
         crash = len(first_dead) < len(dead)  # one went silent while the others still reported
         evidence.update(all_dead=True, first_silent=list(first_dead),
                         silent_before_others_s=round((sorted(seen.values())[len(first_dead)] - t_first) / 1e9, 3)
@@ -305,8 +312,9 @@ def analyse_hang(
     states = rank_states(topo, inflight, heartbeats, now_ns, config)
     last_known = rank_states(topo, inflight, heartbeats, now_ns, config, ignore_death=True)
     if all(st.kind == "dead" for st in states.values()):
-        seen = [(last_seen or {}).get(r) or st.since_ns for r, st in states.items()]
-        went_first = sorted(seen)[1] - min(seen) > CRASH_GAP_NS if len(seen) > 1 else False
+        died = sorted(st.since_ns for st in states.values())
+        seen = sorted((last_seen or {}).get(r) or st.since_ns for r, st in states.items())
+        went_first = len(died) > 1 and (died[1] - died[0] >= DEATH_GAP_NS or seen[1] - seen[0] > CRASH_GAP_NS)
         if went_first:  # one rank went silent while the others still reported: a crash
             threshold = 0.0
         elif not any(st.kind in ("collective", "p2p") for st in last_known.values()):
