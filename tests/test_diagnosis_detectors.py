@@ -201,7 +201,8 @@ def test_crash_everyone_dead_first_to_die_is_culprit():
     assert a.culprits == (5,) and a.hang_class == HangClass.PROCESS_DEAD
     assert a.evidence["silent_before_others_s"] == pytest.approx(1.0)  # heartbeat death times
     # everyone exited with nobody blocked: the job ended normally, not a hang
-    assert not _analyse([_inf(r, "idle", ts=NOW - 30 * 10**9) for r in range(8)], hb=hb).stalled
+    together = _hb(dead=tuple(range(8))).assign(dead_since_ns=NOW - 39 * 10**9)
+    assert not _analyse([_inf(r, "idle", ts=NOW - 30 * 10**9) for r in range(8)], hb=together).stalled
 
 
 def test_hang_inside_collective_with_all_peers_present_is_link_fault():
