@@ -301,3 +301,14 @@ def test_crash_then_launcher_kills_the_rest_before_anyone_blocks():
     a = analyse_hang("j", TOPO, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), hb, _progress(),
                      last_seen={r: NOW - (25 if r == 5 else 22) * 10**9 for r in range(8)})
     assert a.stalled and a.culprits == (5,) and a.hang_class == HangClass.PROCESS_DEAD
+
+
+def test_failed_job_all_gone_at_once_culprit_is_the_rank_behind():
+    together = _hb(dead=tuple(range(8))).assign(dead_since_ns=NOW - 20 * 10**9)
+    rows = [_inf(r, "idle", ts=NOW - 22 * 10**9) for r in range(8)]
+    last = {r: 9 if r == 3 else 10 for r in range(8)}
+    a = analyse_hang("j", TOPO, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), together, _progress(),
+                     job_failed=True, rank_last_step=last)
+    assert a.stalled and a.culprits == (3,) and a.hang_class == HangClass.PROCESS_DEAD
+    assert not analyse_hang("j", TOPO, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), together, _progress(),
+                            job_failed=False, rank_last_step=last).stalled

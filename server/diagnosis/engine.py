@@ -82,9 +82,11 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
     findings += detect_mismatches(info.job, frames.collectives)
     running = info.status == "running" or info.status == "failed"
     if running:
+        rank_last = ({int(r): int(v) for r, v in frames.steps.groupby("rank")["step"].max().items()}
+                     if not frames.steps.empty else {})
         hang = analyse_hang(info.job, topo, now_ns, frames.step_times, frames.inflight,
                             frames.heartbeats, frames.progress, info.start_ns, frames.last_seen,
-                            config.hang)
+                            config.hang, job_failed=info.status == "failed", rank_last_step=rank_last)
     else:
         hang = HangAnalysis(info.job, False, 0, 0.0, config.hang.hang_min_s, frames.last_step)
     mfu = mfu_series(frames.step_times, info.model_flops_per_step, info.device_peak_flops,

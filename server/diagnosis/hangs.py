@@ -290,6 +290,8 @@ def analyse_hang(
     started_ns: int = 0,
     last_seen: dict[int, int] | None = None,
     config: HangConfig = HangConfig(),
+    job_failed: bool = False,
+    rank_last_step: dict[int, int] | None = None,
 ) -> HangAnalysis:
     """Is the job stalled, and if so, who is the culprit and why.
 
@@ -304,6 +306,8 @@ def analyse_hang(
         started_ns: job start, the reference when no step completed yet.
         last_seen: rank -> time of its last record of any kind.
         config: thresholds.
+        job_failed: the job's own final record says it failed.
+        rank_last_step: last completed step per rank.
     """
     threshold = stall_threshold_s(steps, config)
     last_end = int(steps["end_ns"].max()) if not steps.empty else int(started_ns)
@@ -316,6 +320,18 @@ def analyse_hang(
         seen = sorted((last_seen or {}).get(r) or st.since_ns for r, st in states.items())
         went_first = len(died) > 1 and (died[1] - died[0] >= DEATH_GAP_NS or seen[1] - seen[0] > CRASH_GAP_NS)
         if went_first:  # one rank went silent while the others still reported: a crash
+            threshold = 0.0
+        elif job_failed and rank_last_step:
+            # the job reported failure and every process is gone within one heartbeat:
+            # the culprit is the rank that fell behind (fewest completed steps)
+            low = min(rank_last_step.get(r, -1) for r in states)
+            behind = tuple(sorted(r for r in states if rank_last_step.get(r, -1) == low))
+            if len(behind) < len(states):
+                return HangAnalysis(job, True, last_end, stalled_for, 0.0, last_step, behind,
+                                    HangClass.PROCESS_DEAD, "", (), {
+                                        "all_dead": True, "job_failed": True,
+                                        "last_step_per_rank": {str(r): v for r, v in sorted(rank_last_step.items())},
+                                        "culprit_hosts": sorted({states[r].host for r in behind if states[r].host})})
             threshold = 0.0
         elif not any(st.kind in ("collective", "p2p") for st in last_known.values()):
             # every process exited together and nobody was blocked: the job ended (its
