@@ -113,7 +113,7 @@ def test_server_cli_help_and_errors(tmp_path):
 
 @pytest.mark.slow
 def test_demo_serves_synthetic_job(tmp_path):
-    r = _cli("demo", "--port", "0", "--exit-after", "0.2", "--no-ui", "--steps", "12", cwd=tmp_path, timeout=120)
+    r = _cli("demo", "--synthetic", "--port", "0", "--exit-after", "0.2", "--no-ui", "--steps", "12", cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "posted" in r.stdout and "last step 11" in r.stdout and "/api/v1/jobs/demo-" in r.stdout
     assert (tmp_path / ".fleetscope" / "demo" / "store").is_dir()
