@@ -8,6 +8,7 @@ at ``api_base`` (see :mod:`fleetscope.dashboard.client`). Pages:
   (``metric``, ``agg``, ``from``, ``to``, ``ranks``, ``rank``, ``step``) so every view
   is a deep link
 * ``/incidents``, ``/incidents/<id>`` -> incidents, alert rules and webhooks
+* ``/hosts/<host>``    -> one host: self-check results and its history across jobs
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import dash
 from dash import Input, Output, State, dcc, html
 from fleetscope.dashboard.client import ApiClient
 from fleetscope.dashboard.components import message
-from fleetscope.dashboard.pages import fleet, incidents, job
+from fleetscope.dashboard.pages import fleet, host, incidents, job
 
 ASSETS = Path(__file__).parent / "assets"
 BUSY_FLAGS = ("diag", "header", "list")
@@ -101,6 +102,8 @@ def create_dash_app(
             return job.layout(app, parts[1], query)
         if parts[0] == "incidents":
             return incidents.layout(app, parts[1] if len(parts) > 1 else None)
+        if parts[0] == "hosts" and len(parts) == 2:
+            return host.layout(app, parts[1])
         return message(f"no page at {pathname!r}; use the links above", "error")
 
     # Live refresh "ticks" only when no graph is still waiting for its previous update,
@@ -125,6 +128,7 @@ def create_dash_app(
     fleet.register(app, client)
     job.register(app, client)
     incidents.register(app, client)
+    host.register(app, client)
     return app
 
 

@@ -156,6 +156,18 @@ class ApiClient:
     def hosts(self) -> ApiResult:
         return self.get("/hosts")
 
+    def host(self, host: str, **params: Any) -> ApiResult:
+        """One host across jobs: ranks it served, straggler rate, incidents, self-check."""
+        return self.get(f"/hosts/{_q(host)}", **params)
+
+    def selfcheck_hosts(self, **params: Any) -> ApiResult:
+        """Every host's self-check status, worst first, and all findings."""
+        return self.get("/selfcheck/hosts", **params)
+
+    def host_selfcheck(self, host: str, **params: Any) -> ApiResult:
+        """One host's latest self-check probe results with fleet/history scores and findings."""
+        return self.get(f"/hosts/{_q(host)}/selfcheck", **params)
+
     def incidents(self, **params: Any) -> ApiResult:
         return self.get("/incidents", **params)
 

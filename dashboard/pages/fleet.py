@@ -13,6 +13,7 @@ from fleetscope.dashboard.components import (
     state_badge,
     table,
 )
+from fleetscope.dashboard.pages.host import host_href, selfcheck_hosts_panel
 
 MAX_JOB_DETAILS = 50
 
@@ -91,6 +92,8 @@ def register(app: dash.Dash, client: ApiClient) -> None:
     @app.callback(Output("fleet-hosts", "children"), Input("tick", "data"), Input("url", "pathname"))
     def hosts(_n, _path):
         res = client.hosts()
+        if res.not_available:  # no host list route: the self-check summary names the hosts
+            return selfcheck_hosts_panel(client.selfcheck_hosts(), app.get_relative_path)
         if not res.ok:
             return result_message(res, "host health")
         items = items_of(res.data, "hosts")
@@ -99,6 +102,10 @@ def register(app: dash.Dash, client: ApiClient) -> None:
             return message(f"all {len(items or [])} hosts healthy")
         return table(
             ["host", "status", "problems"],
-            [[h.get("host", h.get("name", "?")), state_badge(str(h.get("status", h.get("state", "?")))),
+            [[_host_link(app, h.get("host", h.get("name", "?"))), state_badge(str(h.get("status", h.get("state", "?")))),
               "; ".join(str(p) for p in (h.get("problems") or h.get("issues") or []))[:200]] for h in bad[:100]],
         )
+
+
+def _host_link(app: dash.Dash, name: str) -> dcc.Link:
+    return dcc.Link(name, href=app.get_relative_path(host_href(name)))

@@ -22,6 +22,7 @@ from fleetscope.dashboard.figures.heatmap import build_heatmap, culprit_trace, h
 from fleetscope.dashboard.figures.timeline import build_timeline
 from fleetscope.dashboard.figures.trends import build_hardware, build_trend
 from fleetscope.dashboard.pages.hang import hang_panel, normalise_hang
+from fleetscope.dashboard.pages.host import host_href
 
 ACTIVE = ("open", "acknowledged")
 HEATMAP_MAX_ROWS = 160
@@ -310,7 +311,8 @@ def register(app: dash.Dash, client: ApiClient) -> None:
             [
                 html.Div(f"rank {rank}", id="selected-rank", style={"fontSize": "20px", "fontWeight": 700}),
                 html.Div(f"step {sel['step']}" if sel.get("step") is not None else "no step selected"),
-                html.Div(f"host {res.data.get('host') or 'unknown'}" if res.ok else ""),
+                html.Div(["host ", dcc.Link(res.data["host"], href=app.get_relative_path(host_href(res.data["host"])))]
+                         if res.ok and res.data.get("host") else ("host unknown" if res.ok else "")),
                 html.Div(["state ", state_badge(state["state"] if state else "ok")]),
                 html.Div(f"score {state['score']:.2f}" if state and state.get("score") else ""),
             ]
