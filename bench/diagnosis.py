@@ -72,6 +72,9 @@ SCENARIOS = [
     Scenario("hang-compute", ["hang:rank=5:step=6:where=compute"], HANGS, {5}, 6, steps=60),
     Scenario("hang-tp-collective", ["hang:rank=2:step=6:where=collective"], HANGS, {2}, 6, steps=60),
     Scenario("hang-pp-p2p", ["hang:rank=1:step=6:where=p2p"], HANGS, {1}, 6, steps=60),
+    # a link/NCCL fault: both members of the TP group are inside the op, neither completes
+    Scenario("link-fault-in-tp-collective", ["hang:rank=2:step=6:where=in_collective"], HANGS, {2, 3}, 6,
+             steps=60),
     Scenario("crash", ["crash:rank=3:step=6"], HANGS, {3}, 6, steps=60),
 ]
 

@@ -134,8 +134,8 @@ def test_hangs_stop_steps_while_inflight_records_keep_coming(tmp_path):
     proc = subprocess.Popen(train_cmd(
         "--dp", "2", "--tp", "2", "--pp", "2", "--steps", "50", "--job", "hang",
         "--spool", str(spool_dir), "--timeout-s", "170",
-        "--inject", "hang:rank=3:step=2:where=collective",
-        "--inject", "hang:rank=5:step=2:where=p2p"),
+        "--inject", "hang:rank=3:step=2:where=in_collective",
+        "--inject", "hang:rank=5:step=2:where=in_p2p"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 150

@@ -3,10 +3,15 @@
 Specs (``--inject``, repeatable)::
 
     straggler:rank=R:factor=F[:from_step=S][:section=compute|dataloader]
-    hang:rank=R:step=S[:where=compute|collective|p2p]
+    hang:rank=R:step=S[:where=compute|collective|p2p|in_collective|in_p2p]
     crash:rank=R:step=S
     slowlink:group=tp|dp|pp:rank=R:delay_ms=D
     gc:rank=R:every=N:pause_ms=P
+
+Hangs: ``compute`` blocks inside the forward pass; ``collective`` / ``p2p`` block the
+rank just before it would enter its next collective / p2p op, so it never reaches it
+while its peers wait there (the classic "one rank never joined"); ``in_collective`` /
+``in_p2p`` enter the op and never complete it, as a broken link or NCCL fault would.
 
 Injections act on the process only (sleeps, hangs, exits, delays below the tracing
 layer). They write nothing to the telemetry: the ground truth stays with whoever
@@ -34,7 +39,7 @@ _FIELDS: dict[str, dict[str, tuple[type, Any]]] = {
     "gc": {"rank": (int, ...), "every": (int, ...), "pause_ms": (float, ...)},
 }
 _CHOICES = {("straggler", "section"): ("compute", "dataloader"),
-            ("hang", "where"): ("compute", "collective", "p2p"),
+            ("hang", "where"): ("compute", "collective", "p2p", "in_collective", "in_p2p"),
             ("slowlink", "group"): ("tp", "dp", "pp")}
 
 
@@ -109,6 +114,10 @@ class _HungWork:
         return False
 
 
+_COMM_OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+             "reduce_scatter_tensor", "broadcast", "barrier", "send", "recv", "batch_isend_irecv")
+
+
 class FaultInjector:
     """The faults that apply to one rank, and the points where the trainer calls them."""
 
@@ -119,6 +128,7 @@ class FaultInjector:
         self.group_axes = group_axes or {}
         self.device = device
         self._patched: dict[str, Any] = {}
+        self._entry_patched: dict[str, tuple[Any, Any]] = {}
         self._hang_armed = True
 
     def _of(self, kind: str) -> list[Fault]:
@@ -163,21 +173,56 @@ class FaultInjector:
     # ---- below the tracing layer ------------------------------------------------------
     def install_comm(self) -> None:
         """Patch ``torch.distributed`` for slow links and comm hangs (before hooks init)."""
-        if not (self._of("slowlink") or any(f.get("where") != "compute" for f in self._of("hang"))):
+        if not (self._of("slowlink") or self._hangs("in_collective", "in_p2p")):
+            return
+        self._patch(self._wrap)
+
+    def install_entry_hangs(self) -> None:
+        """Patch ``torch.distributed`` ABOVE the tracing layer (call after hooks init) for
+        hangs before a collective/p2p op: the rank never enters the op, so no record of
+        it exists on this rank while its peers wait inside it."""
+        if not self._hangs("collective", "p2p"):
             return
         import torch.distributed as dist
 
-        for name in ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-                     "reduce_scatter_tensor", "broadcast", "barrier", "send", "recv",
-                     "batch_isend_irecv"):
+        for name in _COMM_OPS:
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                wrapper = self._wrap_entry(name, fn)
+                self._entry_patched[name] = (fn, wrapper)
+                setattr(dist, name, wrapper)
+
+    def _hangs(self, *wheres: str) -> bool:
+        return any(f.get("where") in wheres for f in self._of("hang"))
+
+    def _patch(self, wrapper: Any) -> None:
+        import torch.distributed as dist
+
+        for name in _COMM_OPS:
             fn = getattr(dist, name, None)
             if fn is not None and name not in self._patched:
                 self._patched[name] = fn
-                setattr(dist, name, self._wrap(name, fn))
+                setattr(dist, name, wrapper(name, fn))
+
+    def _wrap_entry(self, name: str, fn: Any) -> Any:
+        is_p2p = name in ("send", "recv", "batch_isend_irecv")
+
+        def entry(*args: Any, **kwargs: Any) -> Any:
+            for f in self._of("hang"):
+                if self.step >= f.get("step") and f.get("where") == ("p2p" if is_p2p else "collective"):
+                    hang_forever()
+            return fn(*args, **kwargs)
+
+        entry.__wrapped__ = fn  # type: ignore[attr-defined]
+        return entry
 
     def uninstall_comm(self) -> None:
         import torch.distributed as dist
 
+        for name, (prev, wrapper) in self._entry_patched.items():
+            if getattr(dist, name, None) is wrapper:  # unless the hooks already unpatched
+                setattr(dist, name, prev)
+        self._entry_patched.clear()
         for name, fn in self._patched.items():
             setattr(dist, name, fn)
         self._patched.clear()
@@ -202,7 +247,7 @@ class FaultInjector:
                     time.sleep(f.get("delay_ms") / 1e3)
             for f in self._of("hang"):
                 where = f.get("where")
-                if self.step >= f.get("step") and where == ("p2p" if is_p2p else "collective"):
+                if self.step >= f.get("step") and where == ("in_p2p" if is_p2p else "in_collective"):
                     if name == "batch_isend_irecv":
                         return [_HungWork() for _ in ops]
                     if is_async:

@@ -80,6 +80,7 @@ def run_rank(cfg: TrainConfig, rank: int, world_size: int, local_rank: int | Non
         for axis in ("dp", "tp", "pp"):
             if groups.get(axis) is not None:
                 hooks.register_group(groups.get(axis), axis)
+    faults.install_entry_hangs()  # above the tracing layer: the rank never enters the op
     status = "failed"
     result = RankResult(rank)
     try:
