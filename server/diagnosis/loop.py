@@ -25,6 +25,7 @@ from .engine import DiagnosisConfig, JobDiagnosis, JobInfo, diagnose
 from .hangs import HangConfig
 from .incidents import sync_incidents
 from .loader import load_job_frames
+from .periodic import PeriodicAlertingService
 from .stragglers import StragglerConfig
 
 log = logging.getLogger(__name__)
@@ -55,13 +56,14 @@ def diagnose_job(store: Any, info: JobInfo, now_ns: int, config: DiagnosisConfig
     return diagnose(info, frames, now_ns, config)
 
 
-class DiagnosisLoop:
+class DiagnosisLoop(PeriodicAlertingService):
     """Incremental per-job diagnosis with bounded work per tick."""
 
+    name = "fleetscope-diagnosis"
+
     def __init__(self, app: Any) -> None:
-        self.app = app
         s = app.state.settings
-        self.tick_s = float(getattr(s, "diagnosis_tick_s", 2.0))
+        super().__init__(app, float(getattr(s, "diagnosis_tick_s", 2.0)))
         self.max_jobs = int(getattr(s, "diagnosis_max_jobs_per_tick", 8))
         self.resolve_after_s = float(getattr(s, "incident_resolve_s", 20.0))
         self.base_url = str(getattr(s, "public_url", "") or "")
@@ -69,42 +71,14 @@ class DiagnosisLoop:
         self.latest: dict[str, JobDiagnosis] = {}
         self.num_ticks = 0
         self._cursor = 0
-        self._task: asyncio.Task | None = None
-        self._stopping = asyncio.Event()
 
-    async def start(self) -> None:
+    async def prepare(self) -> None:
         await asyncio.to_thread(self._install_defaults)
         self.app.state.diagnosis = self
-        self._task = asyncio.create_task(self._run(), name="fleetscope-diagnosis")
-
-    async def stop(self) -> None:
-        self._stopping.set()
-        if self._task:
-            try:
-                await asyncio.wait_for(self._task, timeout=30)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
-                self._task.cancel()
 
     def _install_defaults(self) -> None:
         with self.app.state.db() as s:
             install_defaults(s)
-
-    async def _run(self) -> None:
-        while not self._stopping.is_set():
-            t0 = time.monotonic()
-            try:
-                queued = await asyncio.to_thread(self.tick)
-                if queued:
-                    dispatcher = getattr(self.app.state, "alert_dispatcher", None)
-                    if dispatcher is not None:
-                        dispatcher.wake()
-            except Exception:
-                log.exception("diagnosis tick failed")
-            delay = max(self.tick_s - (time.monotonic() - t0), 0.05)
-            try:
-                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-            except asyncio.TimeoutError:
-                pass
 
     def active_jobs(self, now_ns: int) -> list[Job]:
         with self.app.state.db() as s:

@@ -17,13 +17,13 @@ the same incident and alert machinery as the job detectors:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterable
 from typing import Any, Final
 
 from .findings import Finding, FindingKind, Severity
+from .periodic import PeriodicAlertingService
 from .selfcheck import DEFAULT_WINDOW_S, SelfcheckFinding, score_probes
 from .selfcheck_report import finding_to_dict
 
@@ -52,43 +52,17 @@ def to_findings(findings: Iterable[SelfcheckFinding]) -> list[Finding]:
     return out
 
 
-class SelfcheckAlerts:
+class SelfcheckAlerts(PeriodicAlertingService):
     """Periodic fleet self-check scoring feeding incidents and the alert outbox."""
 
+    name = "fleetscope-selfcheck-alerts"
+
     def __init__(self, app: Any) -> None:
-        self.app = app
         s = app.state.settings
-        self.tick_s = float(getattr(s, "selfcheck_tick_s", 15.0))
+        super().__init__(app, float(getattr(s, "selfcheck_tick_s", 15.0)))
         self.resolve_after_s = float(getattr(s, "incident_resolve_s", 20.0))
         self.base_url = str(getattr(s, "public_url", "") or "")
         self.num_ticks = 0
-        self._task: asyncio.Task | None = None
-        self._stopping = asyncio.Event()
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="fleetscope-selfcheck-alerts")
-
-    async def stop(self) -> None:
-        self._stopping.set()
-        if self._task:
-            try:
-                await asyncio.wait_for(self._task, timeout=30)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
-                self._task.cancel()
-
-    async def _run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                if await asyncio.to_thread(self.tick):
-                    dispatcher = getattr(self.app.state, "alert_dispatcher", None)
-                    if dispatcher is not None:
-                        dispatcher.wake()
-            except Exception:
-                log.exception("self-check scoring pass failed")
-            try:
-                await asyncio.wait_for(self._stopping.wait(), timeout=self.tick_s)
-            except asyncio.TimeoutError:
-                pass
 
     def tick(self) -> int:
         """One pass: score, sync the incidents, queue alerts; returns alert rows queued."""
