@@ -184,12 +184,22 @@ def test_incident_page_acknowledges_an_incident(browser, scenario):
     browser.get(f"{scenario.url}/ui/incidents")
     wait_for(browser, lambda: browser.find_element("id", "incident-table"), what="the incident table")
     full_page_screenshot(browser, "incidents")
-    button = wait_for(browser, lambda: browser.find_element(
-        "xpath", f"//button[contains(@id, '\"id\":\"{iid}\"') and contains(@id, 'ack')]"),
-        what="the acknowledge button")  # fmt: skip
-    button.click()
-    wait_for(browser, lambda: "acknowledged" in browser.find_element("id", "action-ok").text,
-             what="the acknowledgement message")  # fmt: skip
+    ack_xpath = f"//button[contains(@id, '\"id\":\"{iid}\"') and contains(@id, 'ack')]"
+
+    def click_ack():  # the table refreshes live: find and click in one retried step
+        browser.find_element("xpath", ack_xpath).click()
+        return True
+
+    for attempt in range(3):  # a click landing on a row being replaced is lost: click again
+        wait_for(browser, click_ack, what="the acknowledge button")
+        try:
+            wait_for(browser, lambda: "acknowledged" in browser.find_element("id", "action-ok").text,
+                     timeout_s=20 if attempt < 2 else 60, what="the acknowledgement message")  # fmt: skip
+            break
+        except AssertionError:
+            still_open = httpx.get(f"{api}/incidents/{iid}", timeout=10).json()["status"] == "open"
+            if attempt == 2 or not still_open:  # acknowledged but no message: a real failure
+                raise
     status = httpx.get(f"{api}/incidents/{iid}", timeout=10).json()["status"]
     assert status == "acknowledged"
     browser.get(f"{scenario.url}/ui/incidents/{iid}")
