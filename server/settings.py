@@ -71,7 +71,15 @@ class Settings(BaseSettings):
     hang_min_s: float = Field(30.0, ge=1, le=86_400)
     """A hang needs at least this many seconds without a completed step..."""
     hang_k: float = Field(5.0, ge=1, le=1000)
-    """...and at least this many times the recent p99 step time."""
+    """...and at least this many times the recent p99 step time (also the multiple of the
+    recent p99 job-wide op-completion gap in the op-progress rule)."""
+    hang_op_min_s: float = Field(20.0, ge=1, le=86_400)
+    """Earlier hang rule: no traced op (collective, p2p, section) completed anywhere in the
+    job for this many seconds (and hang_k x the recent p99 per-step longest gap) while ranks
+    wait in ops. 20 s: the 30 s paging target less the measured pipeline (hook flush, agent
+    batch, store, diagnosis pass, webhook: under 5 s on a loaded host) with margin; a job
+    with rarer collective-free phases longer than this (e.g. checkpoint saves behind a
+    barrier) should raise it."""
     incident_resolve_s: float = Field(20.0, ge=0, le=86_400)
     """An incident not detected for this long is resolved."""
     selfcheck_tick_s: float = Field(15.0, ge=0.1, le=3600)

@@ -132,3 +132,52 @@ def test_dispatcher_retries_then_delivers(db):
     with db() as s:
         row = s.scalar(select(AlertOutbox))
         assert row.status == "delivered" and row.attempts == 3 and "500" in row.last_error
+
+
+def test_dispatcher_woken_from_a_worker_thread_delivers_at_once(db):
+    """The diagnosis pass runs in a worker thread: its wake must not wait for the poll."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    got: list[float] = []
+
+    class H(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            got.append(time.monotonic())
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    with db() as s:
+        s.add(Webhook(name="a", url=f"http://127.0.0.1:{httpd.server_address[1]}/hook"))
+        s.commit()
+    d = AlertDispatcher(db, poll_s=60.0)
+
+    def queue_and_wake():
+        with db() as s:
+            for c in sync_incidents(s, "j", [straggler()], NOW, 10):
+                enqueue_incident(s, c.incident, 0)
+        d.wake()
+
+    async def go():
+        await d.start()
+        await asyncio.sleep(0.3)  # the first pass found an empty outbox; next poll in 60 s
+        t0 = time.monotonic()
+        await asyncio.to_thread(queue_and_wake)
+        for _ in range(100):
+            if got:
+                break
+            await asyncio.sleep(0.05)
+        await d.stop()
+        return t0
+
+    try:
+        t0 = asyncio.run(go())
+    finally:
+        httpd.shutdown()
+    assert len(got) == 1 and got[0] - t0 < 3.0

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class AlertDispatcher:
-    """Delivers the outbox; ``wake()`` makes it look at the outbox now."""
+    """Delivers the outbox; ``wake()`` (from any thread) makes it look at the outbox now."""
 
     def __init__(self, db: sessionmaker[Session], poll_s: float = 1.0, retry_base_s: float = 1.0,
                  retry_max_s: float = 300.0, external_url: str = "") -> None:
@@ -39,12 +39,14 @@ class AlertDispatcher:
         self.external_url = external_url
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self.num_delivered = 0
         self.num_failed_attempts = 0
 
     async def start(self) -> None:
         self._stopping = False
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="fleetscope-alert-dispatcher")
 
     async def stop(self) -> None:
@@ -57,11 +59,24 @@ class AlertDispatcher:
                 self._task.cancel()
 
     def wake(self) -> None:
-        self._wake.set()
+        """Start a delivery pass now; safe from worker threads (the diagnosis passes)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._wake.set()
+            return
+        try:
+            in_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            in_loop = False
+        if in_loop:
+            self._wake.set()
+        else:
+            loop.call_soon_threadsafe(self._wake.set)
 
     async def _run(self) -> None:
         async with httpx.AsyncClient(follow_redirects=False) as client:
             while not self._stopping:
+                self._wake.clear()  # before the pass: a wake during it starts another one
                 try:
                     await self.deliver_due(client)
                 except Exception:
@@ -70,7 +85,6 @@ class AlertDispatcher:
                     await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s)
                 except asyncio.TimeoutError:
                     pass
-                self._wake.clear()
 
     async def deliver_due(self, client: httpx.AsyncClient) -> int:
         """One pass over the due outbox rows; returns the number of payloads delivered."""

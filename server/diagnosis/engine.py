@@ -20,6 +20,7 @@ from .hangs import HangConfig, analyse_hang, detect_mismatches
 from .health import detect_hardware_errors, detect_heartbeat_loss, hardware_evidence
 from .loader import JobFrames
 from .mfu import MfuConfig, detect_mfu_drop, mfu_series
+from .progress import progress_stall
 from .stragglers import StragglerConfig, detect_stragglers
 from .whatif import StepProfile, profile_from_frames
 
@@ -84,9 +85,15 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
     if running:
         rank_last = ({int(r): int(v) for r, v in frames.steps.groupby("rank")["step"].max().items()}
                      if not frames.steps.empty else {})
+        hc = config.hang
+        op = progress_stall(now_ns, list(topo.ranks()), frames.collectives, frames.sections, frames.inflight,
+                            frames.heartbeats, frames.last_step, frames.first_step,
+                            hang_op_min_s=hc.hang_op_min_s, hang_k=hc.hang_k,
+                            min_history_steps=hc.op_min_history_steps, min_blocked_s=hc.min_blocked_s)
         hang = analyse_hang(info.job, topo, now_ns, frames.step_times, frames.inflight,
                             frames.heartbeats, frames.progress, info.start_ns, frames.last_seen,
-                            config.hang, job_failed=info.status == "failed", rank_last_step=rank_last)
+                            hc, job_failed=info.status == "failed", rank_last_step=rank_last,
+                            progress_stall=op)
     else:
         hang = HangAnalysis(info.job, False, 0, 0.0, config.hang.hang_min_s, frames.last_step)
     mfu = mfu_series(frames.step_times, info.model_flops_per_step, info.device_peak_flops,

@@ -25,7 +25,8 @@ class FindingKind(str, enum.Enum):
     GC_PAUSE = "gc_pause"
     """Intermittent long pauses on one rank (garbage-collector-like)."""
     HANG = "hang"
-    """No step completed for longer than the stall threshold."""
+    """No step (or no traced op anywhere in the job) completed for longer than its stall
+    threshold."""
     COLLECTIVE_MISMATCH = "collective_mismatch"
     """Ranks disagree on op/size/dtype for the same group sequence number."""
     MFU_DROP = "mfu_drop"
@@ -113,19 +114,23 @@ class HangAnalysis:
     chain: tuple[tuple[int, int, str], ...] = ()
     """Wait-for edges ``(waiter, waited_for, reason)`` leading from blocked ranks to the root."""
     evidence: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    due_in_s: float | None = None
+    """Not stalled yet: seconds until a stall rule would fire if nothing progresses."""
 
     def to_finding(self) -> Finding | None:
         if not self.stalled:
             return None
         cls = self.hang_class.value if self.hang_class else "unknown"
         where = f" in {self.group_id}" if self.group_id else ""
+        what = ("no traced op completed anywhere in the job" if self.evidence.get("detected_by") == "op_progress"
+                else "no step completed")
         return Finding(
             kind=FindingKind.HANG,
             job=self.job,
             ranks=self.culprits,
             score=self.stalled_for_s / max(self.threshold_s, 1e-9),
             summary=(
-                f"no step completed for {self.stalled_for_s:.0f}s after step {self.last_step}; "
+                f"{what} for {self.stalled_for_s:.0f}s after step {self.last_step}; "
                 f"culprit rank(s) {list(self.culprits)}: {cls}{where}"
             ),
             severity=Severity.CRITICAL,

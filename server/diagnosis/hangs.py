@@ -1,6 +1,8 @@
 """Hang detection and localisation.
 
-*Stall*: no rank completed a step for ``max(hang_min_s, hang_k x p99 recent step time)``.
+*Stall*: no rank completed a step for ``max(hang_min_s, hang_k x p99 recent step time)``,
+or - usually much earlier - no rank completed any traced op while ranks wait in ops
+(:mod:`.progress`). Both rules feed the same localisation and the same single finding.
 
 *Localisation* builds a wait-for graph from every rank's latest in-flight record (what
 its training thread is blocked in: a collective ``(group_id, seq)``, a p2p op with a
@@ -30,6 +32,7 @@ from fleetscope.topology import Topology
 
 from .breakdown import P2P_OPS
 from .findings import Finding, FindingKind, HangAnalysis, HangClass, Severity
+from .progress import ProgressStall
 
 CRASH_GAP_NS = 1_500_000_000
 DEATH_GAP_NS = 500_000_000
@@ -53,6 +56,10 @@ class HangConfig:
     of a running rank, not a rank that is stuck."""
     dead_rank_min_s: float = 5.0
     """Stall threshold once a rank's process is known dead (no step can complete)."""
+    hang_op_min_s: float = 20.0
+    """Never call a job-wide op silence a hang before this many seconds (see README)."""
+    op_min_history_steps: int = 3
+    """Complete steps after the warm-up step needed before op silence is judged."""
 
 
 @dataclass(frozen=True)
@@ -292,6 +299,7 @@ def analyse_hang(
     config: HangConfig = HangConfig(),
     job_failed: bool = False,
     rank_last_step: dict[int, int] | None = None,
+    progress_stall: ProgressStall | None = None,
 ) -> HangAnalysis:
     """Is the job stalled, and if so, who is the culprit and why.
 
@@ -308,6 +316,8 @@ def analyse_hang(
         config: thresholds.
         job_failed: the job's own final record says it failed.
         rank_last_step: last completed step per rank.
+        progress_stall: the job-wide op-progress state (:func:`.progress.progress_stall`);
+            when it is stalled the job is stalled even before the step-stall threshold.
     """
     threshold = stall_threshold_s(steps, config)
     last_end = int(steps["end_ns"].max()) if not steps.empty else int(started_ns)
@@ -340,10 +350,22 @@ def analyse_hang(
     dead_for = _dead_for_s(topo, heartbeats, now_ns)
     if dead_for >= config.dead_rank_min_s:  # a rank process is gone: no step can complete
         threshold = min(threshold, config.dead_rank_min_s)
-    if stalled_for < threshold:
-        return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step)
+    op = progress_stall
+    if stalled_for < threshold and not (op is not None and op.stalled):
+        due = [threshold - stalled_for] if last_end > 0 else []
+        if op is not None and op.due_in_s() is not None:
+            due.append(op.due_in_s())
+        return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step,
+                            due_in_s=min(due) if due else None)
     culprits, cls, gid, chain, ev = localise(topo, states, progress, last_seen, last_known)
     ev["culprit_hosts"] = sorted({states[r].host for r in culprits if states[r].host})
+    detected_by = "step_stall"
+    if stalled_for < threshold:  # the op-progress rule fired first
+        detected_by = "op_progress"
+        last_end, stalled_for, threshold = op.quiet_since_ns, op.quiet_s, op.threshold_s
+    if op is not None:
+        ev["op_progress"] = op.evidence()
+    ev["detected_by"] = detected_by
     return HangAnalysis(job, True, last_end, stalled_for, threshold, last_step, culprits, cls,
                         gid, chain, ev)
 

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 LAST_STEP = """
-SELECT max(step) AS last_step, count() AS n FROM steps
+SELECT max(step) AS last_step, min(step) AS first_step, count() AS n FROM steps
 WHERE job = {job:String} AND attempt = {attempt:Int32}
 """
 
@@ -124,6 +124,8 @@ class JobFrames:
     last_seen: dict[int, int]
     log_events: pd.DataFrame
     metrics: pd.DataFrame
+    first_step: int = 0
+    """First step of this attempt (its warm-up step)."""
 
     @property
     def hosts(self) -> dict[int, str]:
@@ -161,6 +163,7 @@ def load_job_frames(
     p: dict[str, Any] = {"job": job, "attempt": att}
     r = store.query_rows(LAST_STEP, p)
     last_step = int(r[0]["last_step"]) if r and r[0]["n"] else -1
+    first_step = int(r[0]["first_step"]) if r and r[0]["n"] else 0
     from_step = max(last_step - window_steps + 1, 0)
     p.update(from_step=from_step, to_step=max(last_step, 0) + 1,
              since_ns=int(now_ns - lookback_s * 1e9))
@@ -182,6 +185,7 @@ def load_job_frames(
         last_seen={},
         log_events=_df(store, LOG_EVENTS, p),
         metrics=_df(store, HW_METRICS, p) if hosts else pd.DataFrame(),
+        first_step=first_step,
     )
     ls = _df(store, LAST_SEEN, p, ["rank", "last_seen_ns"])
     frames.last_seen = {int(a): int(b) for a, b in ls.itertuples(index=False)}

@@ -1,0 +1,229 @@
+"""The op-progress hang rule on synthetic frames: it fires when no rank completes any traced
+op while ranks wait in ops, long before the step-stall rule, localises like the step rule,
+and stays quiet through legitimate quiet phases (seen in history, warm-up, data it cannot
+certify, ranks that all compute). One incident per hang whichever rule fires first."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from fleetscope.server.diagnosis.findings import HangClass
+from fleetscope.server.diagnosis.hangs import HangConfig, analyse_hang
+from fleetscope.server.diagnosis.progress import CERTIFY_MARGIN_NS, completions, progress_stall, step_gaps
+from fleetscope.server.diagnosis.synthetic import MS, SynthJob
+
+from fleetscope.topology import Topology
+
+S = 10**9
+CFG = HangConfig()  # defaults: hang_min_s 30, hang_k 5, hang_op_min_s 20
+TOPO = Topology(dp=2, tp=2, pp=2)
+
+
+def _frames(**kw):
+    job = SynthJob(num_steps=kw.pop("num_steps", 12), **kw)
+    return job.build()
+
+
+def _last(f) -> int:
+    return int(max(f["collectives"]["completed_ns"].max(), f["sections"]["end_ns"].max()))
+
+
+def _hang_inflight(quiet_end_ns, culprit_section="forward", culprit=3, since_ns=None, stale=None):
+    """Rank ``culprit`` is stuck in a section; everyone else waits in a collective/p2p op.
+
+    Records are fresh as of ``quiet_end_ns``; ranks in ``stale`` last reported 15 s earlier.
+    """
+    since = since_ns if since_ns is not None else quiet_end_ns - 25 * S
+    rows = []
+    for r in range(8):
+        ts = quiet_end_ns - (15 * S if stale and r in stale else 0)
+        if r == culprit:
+            kind, op, gid, peer = "section", culprit_section, "", -1
+        elif r in (6, 7):
+            kind, op, gid, peer = "p2p", "recv", TOPO.group_id("pp", r), r - 4
+        elif r == 2:
+            kind, op, gid, peer = "collective", "all_reduce", "tp.pp0.dp1", -1
+        else:
+            kind, op, gid, peer = "collective", "all_reduce", TOPO.group_id("dp", r), -1
+        rows.append({"rank": r, "ts_ns": ts, "step": 12, "kind": kind, "op": op, "group_id": gid,
+                     "seq": 500, "peer": peer, "since_ns": since})
+    return pd.DataFrame(rows)
+
+
+def _hb(ts_ns, dead=()):
+    return pd.DataFrame([{"rank": r, "host": f"h{r // 4}", "ts_ns": ts_ns, "alive": int(r not in dead),
+                          "pid": 100 + r, "caught_up": 1} for r in range(8)])
+
+
+def _stall(f, now_ns, inflight, hb=None, first_step=0, cfg=CFG):
+    return progress_stall(now_ns, list(range(8)), f["collectives"], f["sections"], inflight,
+                          _hb(now_ns) if hb is None else hb, int(f["steps"]["step"].max()), first_step,
+                          hang_op_min_s=cfg.hang_op_min_s, hang_k=cfg.hang_k,
+                          min_history_steps=cfg.op_min_history_steps, min_blocked_s=cfg.min_blocked_s)
+
+
+def _analyse(f, now_ns, inflight, op):
+    step_times = f["steps"].groupby("step").agg(duration_ns=("duration_ns", "max"), end_ns=("end_ns", "max"))
+    return analyse_hang("j", TOPO, now_ns, step_times.reset_index(), inflight, _hb(now_ns),
+                        pd.DataFrame(columns=["rank", "group_id", "last_seq"]), config=CFG, progress_stall=op)
+
+
+def _at_quiet(f, quiet_s, **kw):
+    """(now, inflight) where the certified silence after the last completion is ``quiet_s``."""
+    now = _last(f) + int(quiet_s * S) + CERTIFY_MARGIN_NS
+    return now, _hang_inflight(now, **kw)
+
+
+def test_fires_on_job_wide_silence_and_localises_before_the_step_rule():
+    f = _frames()
+    now, inf = _at_quiet(f, 21)
+    op = _stall(f, now, inf)
+    assert op.armed and op.stalled and op.threshold_s == pytest.approx(20.0)
+    assert op.quiet_s == pytest.approx(21.0) and 0 < op.history_gap_s < 0.1
+    assert op.blocked_ranks == (0, 1, 2, 4, 5, 6, 7)
+    a = _analyse(f, now, inf, op)
+    # the step rule alone would wait for 30 s; the op rule fired at 21 s
+    assert a.stalled and a.evidence["detected_by"] == "op_progress" and a.threshold_s == pytest.approx(20.0)
+    assert a.culprits == (3,) and a.hang_class == HangClass.STUCK_IN_COMPUTE
+    fnd = a.to_finding()
+    assert fnd.ranks == (3,) and "no traced op completed anywhere" in fnd.summary
+    assert fnd.evidence["op_progress"]["quiet_s"] == pytest.approx(21.0)
+
+
+def test_below_threshold_is_quiet_and_says_when_it_is_due():
+    f = _frames()
+    now, inf = _at_quiet(f, 18.5)
+    op = _stall(f, now, inf)
+    assert op.armed and not op.stalled and op.due_in_s() == pytest.approx(1.5)
+    a = _analyse(f, now, inf, op)
+    assert not a.stalled and a.due_in_s == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("what", ["dataloader", "compute"])
+def test_long_legitimate_phase_seen_in_history_stays_quiet(what):
+    # step 7 had a 6 s job-wide quiet phase: every rank loading data (shared filesystem
+    # pause), or stage 0 computing 6 s while stage 1 waited in its p2p recv
+    if what == "dataloader":
+        f = _frames(dl_factor=lambda r, s: 1200.0 if s == 7 else 1.0)
+    else:
+        f = _frames(compute_factor=lambda r, s: 300.0 if s == 7 and TOPO.coords(r).pp == 0 else 1.0)
+    for quiet in (21, 25):  # beyond the floor, but not beyond k x what the job did before
+        now, inf = _at_quiet(f, quiet)
+        op = _stall(f, now, inf)
+        assert op.armed and not op.stalled and op.history_gap_s > 5 and op.threshold_s > 25, (quiet, op)
+    now, inf = _at_quiet(f, 5 * op.history_gap_s + 1)
+    assert _stall(f, now, inf).stalled  # and it still fires beyond k x the history
+
+
+def test_warm_up_slow_first_step_stays_quiet():
+    # the first step (compile, communicator setup) took 40 s; only two steps after it
+    f = _frames(num_steps=3, pause_ms=lambda r, s: 40_000.0 if s == 0 else 0.0)
+    now, inf = _at_quiet(f, 25)
+    op = _stall(f, now, inf)
+    assert not op.armed and not op.stalled and "history" in op.reason
+    # once there is history, the warm-up step's long gap is not part of it
+    f = _frames(num_steps=8, pause_ms=lambda r, s: 40_000.0 if s == 0 else 0.0)
+    now, inf = _at_quiet(f, 25)
+    op = _stall(f, now, inf)
+    assert op.armed and op.threshold_s == pytest.approx(20.0) and op.stalled
+
+
+def test_silence_it_cannot_certify_stays_quiet():
+    f = _frames()
+    # rank 5's agent stopped shipping 15 s ago: its last 15 s are unknown, so the
+    # certified silence is only ~10 s although the server saw nothing for 25 s
+    now, inf = _at_quiet(f, 25, stale={5})
+    op = _stall(f, now, inf)
+    assert op.armed and not op.stalled and op.quiet_s == pytest.approx(10.0)
+    # a rank with no in-flight record at all disarms the rule
+    op = _stall(f, now, inf[inf["rank"] != 5])
+    assert not op.armed and not op.stalled and "rank(s) [5]" in op.reason
+    # ... unless its process is known gone (and its records are in): it cannot progress
+    op = _stall(f, now, inf[inf["rank"] != 5], hb=_hb(now, dead=(5,)))
+    assert op.armed and op.stalled
+
+
+def test_every_rank_busy_outside_ops_is_not_a_hang():
+    f = _frames()
+    now, inf = _at_quiet(f, 25)
+    inf = inf.assign(kind="section", op="dataloader", group_id="", peer=-1)  # all load data
+    op = _stall(f, now, inf)
+    assert op.armed and not op.stalled and op.blocked_ranks == ()
+
+
+def test_one_incident_per_hang_whichever_rule_fires(tmp_path):
+    from fleetscope.server.alerts.outbox import enqueue_incident
+    from fleetscope.server.alerts.rules import install_defaults
+    from fleetscope.server.db import open_db
+    from fleetscope.server.db.diagnosis_models import AlertOutbox, Incident, Webhook
+    from fleetscope.server.diagnosis.incidents import sync_incidents
+    from sqlalchemy import func, select
+
+    f = _frames()
+    maker = open_db(f"sqlite:///{tmp_path / 'c.db'}")
+    with maker() as s:
+        install_defaults(s)
+        s.add(Webhook(name="a", url="http://recv.test/hook"))
+        s.commit()
+    seen = []
+    for quiet in (21, 25, 33, 40):  # op rule first, then the step rule too
+        now, inf = _at_quiet(f, quiet)
+        a = _analyse(f, now, inf, _stall(f, now, inf))
+        seen.append(a.evidence["detected_by"])
+        with maker() as s:
+            for ch in sync_incidents(s, "j", [a.to_finding()], now, 20):
+                enqueue_incident(s, ch.incident, now)
+    assert seen[0] == "op_progress" and seen[-1] == "step_stall"
+    with maker() as s:
+        incs = list(s.scalars(select(Incident)))
+        assert len(incs) == 1 and incs[0].kind == "hang" and incs[0].ranks == "[3]"
+        assert s.scalar(select(func.count()).select_from(AlertOutbox)) == 1
+
+
+def test_step_gaps_take_each_steps_longest_job_wide_silence():
+    # two ranks interleave; step 1 opens with a 3 s pause on both (data loading)
+    ev = pd.DataFrame({"rank": [0, 1, 0, 1, 0, 1, 0], "step": [0, 0, 0, 1, 1, 1, 1],
+                       "t_ns": [0, 10 * MS, 30 * MS, 3030 * MS, 3040 * MS, 3045 * MS, 3100 * MS]})
+    g = step_gaps(ev)
+    assert g.to_dict() == pytest.approx({0: 0.02, 1: 3.0})
+    healthy = step_gaps(completions(_frames()["collectives"], _frames()["sections"]))
+    assert len(healthy) == 12 and (healthy > 0).all() and (healthy < 0.05).all()
+
+
+def test_periodic_service_wakes_early_when_work_is_due():
+    """The diagnosis loop's base runs ``tick_due`` at the moment a stall becomes due, not
+    at the next regular tick."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from fleetscope.server.diagnosis.periodic import PeriodicAlertingService
+
+    class Svc(PeriodicAlertingService):
+        def __init__(self):
+            super().__init__(SimpleNamespace(state=SimpleNamespace()), tick_s=30.0)
+            self.regular, self.early = [], []
+            self.due_at = time.monotonic() + 0.4
+
+        def tick(self):
+            self.regular.append(time.monotonic())
+            return 0
+
+        def due_in_s(self):
+            return self.due_at - time.monotonic() if self.due_at else float("inf")
+
+        def tick_due(self):
+            self.early.append(time.monotonic())
+            self.due_at = None
+            return 0
+
+    async def go(svc):
+        await svc.start()
+        await asyncio.sleep(1.2)
+        await svc.stop()
+
+    svc = Svc()
+    t0 = time.monotonic()
+    asyncio.run(go(svc))
+    assert len(svc.regular) == 1 and len(svc.early) == 1
+    assert 0.35 <= svc.early[0] - t0 <= 1.0
