@@ -66,6 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="ship when this much spool data is pending (default 4M)")
     g.add_argument("--batch-delay", type=float, default=0.5, metavar="S",
                    help="...or when the oldest pending frame waited this long (default 0.5)")
+    g.add_argument("--in-flight", type=int, default=4, metavar="N",
+                   help="batches on the wire at once (default 4; 1 = one request at a time)")
     g.add_argument("--poll", type=float, default=0.1, metavar="S", help="spool scan period (default 0.1)")
     g.add_argument("--compression", default="zstd", choices=["zstd", "lz4", "none"],
                    help="wire compression (default zstd)")
@@ -115,6 +117,7 @@ def build_config(args: argparse.Namespace):
             server=args.server, spool=args.spool, job=args.job, state_dir=args.state_dir,
             token=args.token, batch_bytes=parse_size(args.batch_bytes),
             batch_delay_s=args.batch_delay, poll_s=args.poll, compression=args.compression,
+            in_flight=args.in_flight,
             max_backoff_s=args.max_backoff, clock_sync=not args.no_clock_sync,
             heartbeat_s=args.heartbeat, metrics_interval_s=args.metrics_interval,
             gpu=not args.no_gpu, proc_root=args.proc_root, sys_root=args.sys_root,

@@ -32,6 +32,9 @@ class AgentConfig:
     """Ship as soon as this many spool payload bytes are pending."""
     batch_delay_s: float = 0.5
     """...or once the oldest pending frame has waited this long."""
+    in_flight: int = 4
+    """Batches posted concurrently (acks may come back in any order; offsets still move
+    only over each file's contiguous acknowledged prefix)."""
     poll_s: float = 0.1
     """How often the spool is scanned for new bytes when idle."""
     compression: str | None = "zstd"
@@ -81,7 +84,7 @@ class AgentConfig:
             raise ValueError(f"compression must be zstd, lz4 or none, got {self.compression!r}")
         if self.budget_policy not in ("keep", "drop-oldest"):
             raise ValueError(f"budget policy must be keep or drop-oldest, got {self.budget_policy!r}")
-        for name in ("batch_bytes",):
+        for name in ("batch_bytes", "in_flight"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("batch_delay_s", "poll_s", "heartbeat_s", "metrics_interval_s"):

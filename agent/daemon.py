@@ -74,7 +74,8 @@ class Agent:
             host=cfg.host, tailer=self.tailer, offsets=self.offsets, transport=self.transport,
             clock=self.clock, retention=self.retention, ranks=self.ranks, outbox=self.outbox,
             state_dir=cfg.state_dir, batch_bytes=cfg.batch_bytes, batch_delay_s=cfg.batch_delay_s,
-            poll_s=cfg.poll_s, compression=cfg.compression, stop_event=self.stop_event)
+            poll_s=cfg.poll_s, compression=cfg.compression, in_flight=cfg.in_flight,
+            stop_event=self.stop_event)
         self.gpu: GpuSampler | None = None
         if cfg.gpu:
             nv = open_nvml(nvml_module)

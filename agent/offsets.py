@@ -1,4 +1,4 @@
-"""Durable agent state: acknowledged read offsets, the batch in flight, counters.
+"""Durable agent state: acknowledged read offsets, the batches in flight, counters.
 
 The state is one small JSON file rewritten atomically (write a temporary file, fsync
 it, rename it over the old one, fsync the directory), so after a crash at any point the
@@ -8,11 +8,16 @@ Exactly-once shipping rests on two rules:
 
 * an offset moves only after the server acknowledged the bytes before it;
 * before a batch is sent, its byte ranges and idempotency key are recorded here as
-  ``pending`` (a short list: the batch on the wire and the next one, made durable
-  while the first is in flight). A restarted agent re-sends exactly those batches, in
-  order and with the same keys, before anything else, so a batch that reached the
-  store just before a crash is deduplicated by the server instead of arriving again
-  under a different key.
+  ``pending``, in the order the batches were cut from the files. A restarted agent
+  re-sends exactly those batches, in that order and with the same keys, before
+  anything else, so a batch that reached the store just before a crash is
+  deduplicated by the server instead of arriving again under a different key.
+
+Several batches are in flight at once and may be acknowledged out of order
+(:mod:`fleetscope.agent.window`): an offset moves only over a file's contiguous
+acknowledged prefix, and a batch acknowledged beyond a gap stays pending until the gap
+closes. The pending list is therefore short (bounded by the window) but may hold
+batches the server already has; their re-send is answered ``duplicate``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +46,7 @@ class Range:
 
 @dataclass(frozen=True)
 class Pending:
-    """The batch in flight: what was (maybe) sent and under which key."""
+    """A batch in flight: what was (maybe) sent and under which key."""
 
     key: str
     ranges: tuple[Range, ...]
@@ -111,19 +117,24 @@ class OffsetStore:
         """The server acknowledged ``pending``: advance its files' offsets, clear it."""
         self.skip(list(pending.ranges), counters or {}, done_key=pending.key)
 
-    def skip(self, ranges: list[Range], counters: dict[str, int], done_key: str | None = None) -> None:
-        """Move past bytes (acknowledged, corrupt or rejected), durably.
+    def skip(self, ranges: list[Range], counters: dict[str, int], done_key: str | None = None,
+             done: Iterable[str] = ()) -> None:
+        """Move past bytes (acknowledged, corrupt or rejected), durably, in one write.
 
-        Offsets only move forward, so these calls may be applied in any order.
-        ``done_key`` names a pending batch that is finished.
+        Offsets only move forward, so these calls may be applied in any order; the
+        caller passes only ranges whose bytes before them are all acknowledged.
+        ``done_key`` and ``done`` name pending batches that are finished.
         """
+        finished = set(done)
+        if done_key is not None:
+            finished.add(done_key)
         with self._lock:
             for r in ranges:
                 e = self.files.get(r.file)
                 if e is None or e["ino"] != r.ino or e["offset"] < r.end:
                     self.files[r.file] = {"ino": r.ino, "offset": r.end}
-            if done_key is not None:
-                self.pending = [p for p in self.pending if p.key != done_key]
+            if finished:
+                self.pending = [p for p in self.pending if p.key not in finished]
             for k, v in counters.items():
                 self.counters[k] = self.counters.get(k, 0) + v
             self._save()

@@ -1,13 +1,19 @@
 """Shipping: spool frames -> batches -> server, offsets committed after the ack.
 
-Three threads: the *builder* (this module's :meth:`Shipper.run` loop) reads frames,
-batches them by size (``batch_bytes``) and time (``batch_delay_s``); the *sender*
-posts one batch at a time and commits; *retention* deletes segments (it must keep
-working while the sender is stuck on an unreachable server). The builder prepares
-the next batch while the previous one is on the wire (a queue of one).
+Threads: the *builder* (:meth:`Shipper.run`) reads frames, batches them by size
+(``batch_bytes``) and time (``batch_delay_s``) and encodes them; ``in_flight``
+*senders* POST batches concurrently (with one request at a time the agent is
+latency-bound: it and the server wait for each other); *retention* deletes segments
+(it must keep working while the senders are stuck on an unreachable server).
 
-On start, a batch left ``pending`` by a previous agent process is re-sent first, with
-its original key (see :mod:`fleetscope.agent.offsets`).
+Acknowledgements may arrive out of order; :class:`~fleetscope.agent.window.AckWindow`
+lets a file's durable offset move only over its contiguous acknowledged prefix, and a
+batch acknowledged beyond a gap stays ``pending`` until the gap closes. Every batch is
+made durably pending (in the order the batches were cut) before its first byte is
+sent; offset writes run in order on one thread, off the senders' critical path.
+
+On start, the batches left ``pending`` by a previous agent process are re-sent first,
+in order, with their original keys (see :mod:`fleetscope.agent.offsets`).
 
 A batch the server rejects (400/413/415/422) is bisected until the offending frames are
 isolated; those are saved under ``<state>/rejected/``, skipped, counted and reported,
@@ -24,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetscope.agent.batch import Batch, build_batch, frames_for_ranges, merge_ranges
+from fleetscope.agent.batch import Batch, build_batch, frames_for_ranges
 from fleetscope.agent.clock import ClockSync
 from fleetscope.agent.offsets import OffsetStore, Pending
 from fleetscope.agent.outbox import Outbox
@@ -32,10 +38,12 @@ from fleetscope.agent.ranks import RankRegistry
 from fleetscope.agent.retention import Retention
 from fleetscope.agent.tailer import ReadFrame, SpoolTailer
 from fleetscope.agent.transport import Transport
+from fleetscope.agent.window import AckWindow
 
 log = logging.getLogger("fleetscope.agent")
 RETENTION_EVERY_S = 1.0
 REPORT_EVERY_S = 10.0
+STOP_JOIN_S = 10.0
 
 
 @dataclass
@@ -55,7 +63,8 @@ class Shipper:
                  transport: Transport, clock: ClockSync, retention: Retention,
                  ranks: RankRegistry | None, outbox: Outbox | None, state_dir: Path,
                  batch_bytes: int = 4 << 20, batch_delay_s: float = 0.5, poll_s: float = 0.1,
-                 compression: str | None = "zstd", stop_event: threading.Event | None = None):
+                 compression: str | None = "zstd", in_flight: int = 4,
+                 stop_event: threading.Event | None = None):
         self.host = host
         self.tailer = tailer
         self.offsets = offsets
@@ -71,37 +80,38 @@ class Shipper:
         self.compression = compression
         self.stats = ShipStats()
         self.stop_event = stop_event or threading.Event()
-        self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=1)
-        self._lock = threading.Lock()
-        self._sender: threading.Thread | None = None
-        self._outstanding = 0
+        self.window = AckWindow(in_flight)
+        self._work: queue.Queue[tuple[Batch, Future] | None] = queue.Queue()
+        self._stats_lock = threading.Lock()
+        self._ack_lock = threading.Lock()
+        self._senders: list[threading.Thread] = []
         self._drain_deadline: float | None = None
-        self._end = False
-        self._begun: dict[str, Future] = {}
         self._durable = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetscope-offsets")
-        """Offset writes (begin/commit), in order, off the sender's critical path."""
+        """Offset writes (begin/commit), in order, off the senders' critical path."""
         self.idle = threading.Event()
-        """Set while nothing is pending, queued or unread (tests and benchmarks wait on it)."""
+        """Set while nothing is in flight or unread (tests and benchmarks wait on it)."""
 
     # -- lifecycle ---------------------------------------------------------------------
     def run(self) -> None:
-        """Ship until :meth:`stop`; returns after the sender thread has ended."""
+        """Ship until :meth:`stop`; returns after the sender threads have ended."""
         self._prune_offsets()
         self._resend_pending()
-        self._sender = threading.Thread(target=self._send_loop, name="fleetscope-sender",
-                                        daemon=True)
-        self._sender.start()
+        for i in range(self.window.limit):
+            t = threading.Thread(target=self._send_loop, name=f"fleetscope-sender-{i}", daemon=True)
+            t.start()
+            self._senders.append(t)
         retention = threading.Thread(target=self._retention_loop, name="fleetscope-retention",
                                      daemon=True)
         retention.start()
         try:
             self._build_loop()
         finally:
-            try:
-                self._queue.put_nowait(None)
-            except queue.Full:
-                pass
-            self._sender.join(timeout=10)
+            self.stop_event.set()
+            for _ in self._senders:
+                self._work.put(None)
+            deadline = time.monotonic() + STOP_JOIN_S
+            for t in self._senders:
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
             retention.join(timeout=5)
             self._durable.shutdown(wait=True)  # acknowledged batches get committed
 
@@ -144,15 +154,14 @@ class Shipper:
                 size += sum(f.end - f.start for f in got)
                 self.idle.clear()
             full = size >= self.batch_bytes
-            # past the delay, ship as soon as the sender is free; meanwhile keep filling
-            due = bool(frames) and now - first >= self.batch_delay_s and self._queue.empty()
+            # past the delay, ship as soon as a sender is free; meanwhile keep filling
+            due = bool(frames) and now - first >= self.batch_delay_s and self.window.has_slot()
             if full or due:
                 self._dispatch(frames)
                 frames, size = [], 0
                 continue
             if not got:
-                with self._lock:
-                    quiet = not frames and self._outstanding == 0
+                quiet = not frames and len(self.window) == 0
                 if quiet:
                     self.idle.set()
                 if self._drain_deadline is not None and quiet:
@@ -161,20 +170,24 @@ class Shipper:
                 self.stop_event.wait(self.poll_s)
 
     def _dispatch(self, frames: list[ReadFrame]) -> None:
+        """Build and encode a batch, wait for a free slot, make it pending, hand it over."""
         batch = build_batch(self.host, frames, self.ranks)
         if batch.frames:
-            batch.encode(self.compression)  # here, overlapping the sender's request
-        with self._lock:
-            self._outstanding += 1
-        while not self.stop_event.is_set():
-            try:
-                self._queue.put(batch, timeout=0.2)
-                return
-            except queue.Full:
-                continue
+            batch.encode(self.compression)  # here, overlapping the senders' requests
+        if not self.window.wait_slot(self.stop_event):
+            return  # stopping: nothing of it was made pending; it is re-read next start
+        self.window.add(batch.key, batch.ranges)
+        if not batch.frames:  # corrupt frames only: nothing to send, done at once
+            self._report_bad(batch)
+            self._acked(batch)
+            return
+        batch.pending = Pending(batch.key, batch.ranges, self.clock.estimate.offset_ns)
+        # begins are written in dispatch order: a batch is never pending without every
+        # batch cut before it from the same files being pending (or committed) too
+        self._work.put((batch, self._durable.submit(self.offsets.begin, batch.pending)))
 
     def _retention_loop(self) -> None:
-        """Retention runs on its own thread: it must act while the sender is stuck."""
+        """Retention runs on its own thread: it must act while the senders are stuck."""
         while not self.stop_event.wait(RETENTION_EVERY_S):
             busy = self.offsets.pending_files()
             try:
@@ -182,101 +195,77 @@ class Shipper:
             except OSError as e:
                 log.error("retention pass failed: %s", e)
 
-    # -- sender ------------------------------------------------------------------------
-    def _take(self, block: bool) -> Batch | None:
-        """The next queued batch; None when there is none (non-blocking) or at the end."""
-        while not self._end:
-            try:
-                batch = self._queue.get(timeout=0.2) if block else self._queue.get_nowait()
-            except queue.Empty:
-                if not block or self.stop_event.is_set():
-                    return None
-                continue
-            if batch is None:
-                self._end = True
-                return None
-            return batch
-        return None
-
+    # -- senders -----------------------------------------------------------------------
     def _send_loop(self) -> None:
-        nxt: Batch | None = None
         while True:
-            batch = nxt if nxt is not None else self._take(block=True)
-            if batch is None:
+            item = self._work.get()
+            if item is None:
                 return
-            # make the next batch durably pending while this one is on the wire, so the
-            # fsync never sits between two requests
-            nxt = self._take(block=False)
-            if nxt is not None and nxt.frames:
-                self._begin(nxt, wait=False)
-            done = self._ship(batch)
-            if not done or self.stop_event.is_set():
+            batch, begun = item
+            try:
+                self._report_bad(batch)
+                begun.result()  # durable before the first byte is sent
+                if self._ship(batch):
+                    self._acked(batch)
+            except Exception:
+                log.exception("sending batch %s failed unexpectedly; stopping the agent (what is "
+                              "not acknowledged stays pending and is re-sent on the next start)",
+                              batch.key)
+                self.stop_event.set()
                 return
-            with self._lock:
-                self._outstanding -= 1
 
-    def _begin(self, batch: Batch, wait: bool) -> None:
-        if batch.pending is None:
-            batch.pending = Pending(batch.key, batch.ranges, self.clock.estimate.offset_ns)
-            self._begun[batch.key] = self._durable.submit(self.offsets.begin, batch.pending)
-        fut = self._begun.get(batch.key)
-        if wait and fut is not None:
-            fut.result()
-            del self._begun[batch.key]
+    def _acked(self, batch: Batch) -> None:
+        """Commit what the ack allows: each file's contiguous acked prefix, retired batches."""
+        with self._ack_lock:  # ack order = order of the durable writes
+            adv = self.window.ack(batch.key)
+            try:
+                self._durable.submit(self.offsets.skip, list(adv.ranges),
+                                     self._bad_counters(batch), done=adv.retired)
+            except RuntimeError:  # shut down while this request was still out: re-sent later
+                log.debug("batch %s acknowledged after shutdown; it stays pending", batch.key)
 
     def _ship(self, batch: Batch) -> bool:
-        """Send one batch (bisecting on rejection). False if stopped before the end."""
-        self._report_bad(batch)
-        if not batch.frames:
-            if batch.ranges:
-                self.offsets.skip(list(batch.ranges), self._bad_counters(batch))
-            return True
-        self._begin(batch, wait=True)  # durable before the first byte is sent
-        pending = batch.pending
-        assert pending is not None
+        """POST one pending batch (bisecting on rejection). False if stopped before the end."""
+        assert batch.pending is not None
         body = batch.encode(self.compression)
         t0 = time.perf_counter()
-        res = self.transport.post_batch(body, pending.key, pending.clock_offset_ns,
+        res = self.transport.post_batch(body, batch.pending.key, batch.pending.clock_offset_ns,
                                         self.clock.estimate.uncertainty_ns, self.stop_event)
         if res.outcome == "stopped":
             return False
         if res.outcome == "ok":
-            # the commit runs while the next request is on the wire; if the agent dies
-            # first, the batch is still pending and is re-sent (a duplicate for the server)
-            self._durable.submit(self.offsets.commit, pending, self._bad_counters(batch))
-            log.debug("batch %s: %d rows, %d bytes, POST %.3fs", pending.key, batch.num_rows,
+            log.debug("batch %s: %d rows, %d bytes, POST %.3fs", batch.key, batch.num_rows,
                       len(body), time.perf_counter() - t0)
-            self.stats.num_batches += 1
-            self.stats.num_records += batch.num_rows
-            self.stats.num_bytes += len(body)
-            self.stats.num_duplicates += int(res.duplicate)
-            self.stats.last_ack_ns = time.time_ns()
+            with self._stats_lock:
+                self.stats.num_batches += 1
+                self.stats.num_records += batch.num_rows
+                self.stats.num_bytes += len(body)
+                self.stats.num_duplicates += int(res.duplicate)
+                self.stats.last_ack_ns = time.time_ns()
             return True
-        done = self._bisect(batch, res.status, res.detail)
-        if done:
-            self._durable.submit(self.offsets.skip, [], {}, pending.key)
-        return done
+        return self._bisect(batch, res.status, res.detail)
 
     def _bisect(self, batch: Batch, status: int, detail: str) -> bool:
+        """Ship the halves of a rejected batch, each under its own pending key.
+
+        The halves only leave ``pending`` when done; the offsets move when the whole
+        batch is done (with the other batches in flight, via the window).
+        """
         if len(batch.frames) == 1:
-            d = batch.frames[0]
-            self._quarantine(d.frame, f"HTTP {status}: {detail}")
-            self.offsets.skip(list(batch.ranges),
-                              {"rejected_frames": 1, **self._bad_counters(batch)},
-                              done_key=batch.key)
-            self.stats.num_rejected_frames += 1
+            self._quarantine(batch.frames[0].frame, f"HTTP {status}: {detail}")
+            with self._stats_lock:
+                self.stats.num_rejected_frames += 1
+            self._durable.submit(self.offsets.add_counters, {"rejected_frames": 1}).result()
             return True
         log.warning("server rejected a batch of %d frames (HTTP %d: %s); bisecting",
                     len(batch.frames), status, detail)
-        first, second = batch.split()
-        return self._ship_quiet(first) and self._ship_quiet(second)
-
-    def _ship_quiet(self, batch: Batch) -> bool:
-        bad, batch.bad = batch.bad, []
-        ok = self._ship(batch) if batch.frames else True
-        if ok and bad:
-            self.offsets.skip(list(merge_ranges(b[0] for b in bad)), self._bad_counters_of(bad))
-        return ok
+        for half in batch.split():
+            half.pending = Pending(half.key, half.ranges, self.clock.estimate.offset_ns)
+            self._durable.submit(self.offsets.begin, half.pending).result()
+            if not self._ship(half):
+                return False
+            self._durable.submit(self.offsets.skip, [], {}, done_key=half.key)
+        return True
 
     # -- pending batch after a restart ---------------------------------------------------
     def _resend_pending(self) -> None:
@@ -287,6 +276,8 @@ class Shipper:
         for p in list(self.offsets.pending):
             if self.stop_event.is_set():
                 return
+            if p not in self.offsets.pending:
+                continue  # a half of a rejected batch, shipped again while bisecting it
             frames = frames_for_ranges(p.ranges, paths)
             if frames is None:
                 log.error("pending batch %s refers to a file that is gone or replaced; "
@@ -308,7 +299,7 @@ class Shipper:
                 self.stats.num_records += batch.num_rows
                 self.stats.num_duplicates += int(res.duplicate)
             elif res.outcome == "rejected" and self._bisect(batch, res.status, res.detail):
-                self.offsets.skip([], {}, done_key=p.key)
+                self.offsets.commit(p, self._bad_counters(batch))
 
     def _prune_offsets(self) -> None:
         present = {s.key for s in self.tailer.segments()}

@@ -50,7 +50,11 @@ def retry_after_s(value: str | None, default: float) -> float:
 
 
 class Transport:
-    """One keep-alive HTTP client to the server."""
+    """One keep-alive HTTP client to the server, shared by the concurrent senders.
+
+    ``httpx.Client`` is thread-safe (its pool hands each request its own connection);
+    the counters and the warn-once state below are guarded by a lock.
+    """
 
     def __init__(self, server: str, host: str, timeout_s: float = 30.0, max_backoff_s: float = 5.0,
                  token: str | None = None):
@@ -59,6 +63,7 @@ class Transport:
         self.max_backoff_s = max_backoff_s
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.client = httpx.Client(base_url=self.server, timeout=timeout_s, headers=headers)
+        self._lock = threading.Lock()
         self.num_retries = 0
         self.num_throttled = 0
         self.connected = False
@@ -87,9 +92,10 @@ class Transport:
                 self._unreachable(f"{type(e).__name__}: {e}", wait)
             else:
                 if r.status_code == 200:
-                    if not self.connected or self._warned:
-                        log.info("server %s acknowledged a batch; shipping", self.server)
-                    self.connected, self._warned = True, False
+                    with self._lock:
+                        if not self.connected or self._warned:
+                            log.info("server %s acknowledged a batch; shipping", self.server)
+                        self.connected, self._warned = True, False
                     dup = False
                     try:
                         dup = bool(r.json().get("duplicate", False))
@@ -100,7 +106,8 @@ class Transport:
                 if r.status_code in REJECTED_STATUSES:
                     return PostResult("rejected", r.status_code, detail, attempt)
                 if r.status_code == 429:
-                    self.num_throttled += 1
+                    with self._lock:
+                        self.num_throttled += 1
                     wait = retry_after_s(r.headers.get("Retry-After"),
                                          backoff_s(attempt, self.max_backoff_s))
                     wait += random.uniform(0, min(0.25, wait / 4 + 0.01))
@@ -108,18 +115,19 @@ class Transport:
                 else:
                     wait = backoff_s(attempt, self.max_backoff_s)
                     self._unreachable(f"HTTP {r.status_code}: {detail}", wait)
-            self.num_retries += 1
+            with self._lock:
+                self.num_retries += 1
             stop.wait(wait)
         return PostResult("stopped", attempts=attempt)
 
     def _unreachable(self, why: str, wait: float) -> None:
-        if not self._warned:
+        with self._lock:
+            first, self._warned, self.connected = not self._warned, True, False
+        if first:
             log.warning("cannot ship to %s (%s); retrying with backoff, spool data is kept",
                         self.server, why)
-            self._warned = True
         else:
             log.debug("still cannot ship (%s); next try in %.2fs", why, wait)
-        self.connected = False
 
 
 def _detail(r: httpx.Response) -> str:
