@@ -1,28 +1,67 @@
-"""Shared figure styling and the explicit empty / error placeholder figures."""
+"""Shared figure styling and the explicit empty / error placeholder figures.
+
+Importing this module makes ``plotly_white`` plotly's default template (the dashboard
+is the only plotly user in its process). A figure then gets the template when it is
+created, where plotly copies it without validation; setting it per figure with
+``update_layout(template=...)`` validated the whole template every time, which cost
+more than building the rest of most figures.
+"""
 
 from __future__ import annotations
 
+import copy
+from functools import lru_cache
+from typing import Any
+
 import plotly.graph_objects as go
+import plotly.io as pio
 from fleetscope.dashboard import palette
 
+TEMPLATE = "plotly_white"
+pio.templates.default = TEMPLATE
+
 FONT = dict(family="Inter, Segoe UI, Helvetica, Arial, sans-serif", size=12, color="#1b1f24")
+LAYOUT = dict(
+    font=FONT,
+    margin=dict(l=10, r=10, t=36, b=30),
+    paper_bgcolor="white",
+    plot_bgcolor="white",
+    hoverlabel=dict(font_size=12),
+)
+"""The dashboard's one light theme (on top of :data:`TEMPLATE`)."""
 
 
 def base_layout(fig: go.Figure, height: int | None = None, **kw) -> go.Figure:
     """Apply the dashboard's one light theme to ``fig`` (in place) and return it."""
-    opts = dict(
-        template="plotly_white",
-        font=FONT,
-        margin=dict(l=10, r=10, t=36, b=30),
-        paper_bgcolor="white",
-        plot_bgcolor="white",
-        hoverlabel=dict(font_size=12),
-    )
-    opts.update(kw)
-    fig.update_layout(**opts)
+    opts: dict[str, Any] = {**LAYOUT, **kw}
     if height:
-        fig.update_layout(height=height)
+        opts["height"] = height
+    fig.update_layout(**opts)
     return fig
+
+
+def dict_layout(layout: dict[str, Any], height: int | None = None, **kw) -> dict[str, Any]:
+    """:func:`base_layout` for a figure built as a plain dict (no plotly validation,
+    for figures with thousands of cells): the theme and template go into ``layout``."""
+    layout.setdefault("template", template_json())
+    layout.update(copy.deepcopy(LAYOUT))
+    layout.update(kw)
+    if height:
+        layout["height"] = height
+    return layout
+
+
+@lru_cache(maxsize=1)
+def template_json() -> dict[str, Any]:
+    """:data:`TEMPLATE` as plotly JSON (shared: callers must not modify it)."""
+    return pio.templates[TEMPLATE].to_plotly_json()
+
+
+@lru_cache(maxsize=8)
+def colorscale_json(name: str) -> list[list[Any]]:
+    """A named plotly colour scale as the ``[[position, colour], ...]`` list plotly
+    itself would send (shared: callers must not modify it)."""
+    return [list(x) for x in go.Heatmap(colorscale=name).colorscale]
 
 
 def message_figure(text: str, state: str = "empty", height: int = 220) -> go.Figure:
@@ -36,20 +75,24 @@ def message_figure(text: str, state: str = "empty", height: int = 220) -> go.Fig
     """
     color = {"error": palette.VERMILLION, "unavailable": palette.GREY}.get(state, "#57606a")
     prefix = {"error": "Error: ", "unavailable": "Not available: "}.get(state, "")
-    fig = go.Figure()
-    fig.add_annotation(
-        text=prefix + text,
-        x=0.5,
-        y=0.5,
-        xref="paper",
-        yref="paper",
-        showarrow=False,
-        font=dict(size=14, color=color),
-    )
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    fig.update_layout(meta={"state": state})
-    return base_layout(fig, height=height)
+    note = dict(text=prefix + text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                font=dict(size=14, color=color))  # fmt: skip
+    # One constructor call: plotly validates the layout once, not once per update.
+    return go.Figure(layout=dict(
+        LAYOUT, height=height, annotations=[note], xaxis=dict(visible=False), yaxis=dict(visible=False),
+        meta={"state": state},
+    ))  # fmt: skip
+
+
+@lru_cache(maxsize=64)
+def _message_json(text: str, state: str, height: int) -> dict[str, Any]:
+    return message_figure(text, state, height).to_dict()
+
+
+def message_dict(text: str, state: str = "empty", height: int = 220) -> dict[str, Any]:
+    """:func:`message_figure` as a figure dict, built once per message (page layouts
+    and callbacks return it on every load; Dash only serialises it)."""
+    return _message_json(text, state, height)
 
 
 def fmt_ms(value_ms: float | None) -> str:

@@ -16,29 +16,24 @@ def build_trend(data: dict[str, Any], height: int = 230) -> go.Figure:
     steps = data.get("steps") or []
     if not steps:
         return message_figure("No completed steps yet", height=height)
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(
+    # A plain figure with an overlaying right axis: make_subplots(secondary_y) builds
+    # the same layout through many validated updates (a noticeable cost per refresh).
+    traces = [
         go.Scatter(x=steps, y=data.get("median_ms"), name="median step time", line=dict(color=palette.BLUE)),
-        secondary_y=False,
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=steps, y=data.get("max_ms"), name="slowest rank", line=dict(color=palette.ORANGE, dash="dot")
-        ),
-        secondary_y=False,
-    )
+        go.Scatter(x=steps, y=data.get("max_ms"), name="slowest rank", line=dict(color=palette.ORANGE, dash="dot")),
+    ]
+    layout: dict[str, Any] = dict(
+        xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text="ms"), rangemode="tozero"),
+    )  # fmt: skip
     mfu = data.get("mfu") or []
     if any(v is not None for v in mfu):
-        fig.add_trace(
-            go.Scatter(
-                x=steps, y=[None if v is None else 100 * v for v in mfu], name="MFU %",
-                line=dict(color=palette.GREEN),
-            ),
-            secondary_y=True,
-        )
-        fig.update_yaxes(title_text="MFU %", secondary_y=True, showgrid=False, rangemode="tozero")
-    fig.update_yaxes(title_text="ms", secondary_y=False, rangemode="tozero")
-    fig.update_xaxes(title_text="step")
+        traces.append(go.Scatter(
+            x=steps, y=[None if v is None else 100 * v for v in mfu], name="MFU %", yaxis="y2",
+            line=dict(color=palette.GREEN),
+        ))  # fmt: skip
+        layout["yaxis2"] = dict(title=dict(text="MFU %"), overlaying="y", side="right", showgrid=False,
+                                rangemode="tozero")  # fmt: skip
+    fig = go.Figure(data=traces, layout=layout)
     return base_layout(
         fig,
         height=height,

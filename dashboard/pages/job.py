@@ -8,7 +8,7 @@ from typing import Any
 import dash
 from dash import dcc, html
 from fleetscope.dashboard.components import card, message
-from fleetscope.dashboard.figures.common import message_figure
+from fleetscope.dashboard.figures.common import message_dict
 
 METRIC_OPTIONS = [
     ("step", "step time"),
@@ -38,7 +38,7 @@ def _int(query: dict[str, str], key: str) -> int | None:
 def _graph(id_: str, text: str, height: int) -> dcc.Graph:
     # The explicit loading state is the placeholder figure; live refreshes then replace
     # the figure in place, without a spinner flashing over a readable chart.
-    return dcc.Graph(id=id_, figure=message_figure(text, "loading", height=height), config=GRAPH_CONFIG)
+    return dcc.Graph(id=id_, figure=message_dict(text, "loading", height=height), config=GRAPH_CONFIG)
 
 
 def layout(app: dash.Dash, job: str, query: dict[str, str]) -> html.Div:
@@ -55,6 +55,7 @@ def layout(app: dash.Dash, job: str, query: dict[str, str]) -> html.Div:
             dcc.Store(id="diag", data={}),
             dcc.Store(id="hm-meta", data={}),
             dcc.Store(id="grid-meta", data={}),
+            dcc.Store(id="views-ready", data=0),
             dcc.Store(id="grid-ranks", data=None),
             dcc.Download(id="trace-download"),
             html.Div(

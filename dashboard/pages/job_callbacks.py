@@ -16,7 +16,7 @@ from fleetscope.dashboard.components import (
     severity_badge,
     state_badge,
 )
-from fleetscope.dashboard.figures.common import fmt_ms, message_figure
+from fleetscope.dashboard.figures.common import fmt_ms, message_dict, message_figure
 from fleetscope.dashboard.figures.grid import build_grid, grid_culprit_traces
 from fleetscope.dashboard.figures.heatmap import build_heatmap, culprit_trace, heatmap_meta
 from fleetscope.dashboard.figures.timeline import build_timeline
@@ -85,13 +85,29 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         search = "?" + urlencode({k: v for k, v in q.items() if v not in (None, "")})
         return search, f"{pathname}{search}"
 
+    # The heat-map and the grid are what an operator clicks first: they load alone.
+    # Everything else (header, trend, diagnosis, timeline) waits until both are drawn
+    # for this refresh, so those calls never compete with them for the server (one
+    # store client, one Python process). ``views-ready`` changes once per refresh.
+    app.clientside_callback(
+        """function (hm, grid, prev) {
+            const lo = Math.min((hm && hm.ts) || 0, (grid && grid.ts) || 0);
+            if (!lo || lo <= (prev || 0)) { return window.dash_clientside.no_update; }
+            return Math.max(hm.ts, grid.ts);
+        }""",
+        Output("views-ready", "data"),
+        Input("hm-meta", "data"),
+        Input("grid-meta", "data"),
+        State("views-ready", "data"),
+    )
+
     @app.callback(
         Output("job-header", "children"),
-        Input("tick", "data"),
-        Input("job-id", "data"),
+        Input("views-ready", "data"),
+        State("job-id", "data"),
         running=[(Output("busy-header", "data"), True, False)],
     )
-    def header(_n, job):
+    def header(_ready, job):
         res = client.job(job)
         if not res.ok:
             return result_message(res, f"job {job!r}")
@@ -124,16 +140,16 @@ def register(app: dash.Dash, client: ApiClient) -> None:
             ]
         )
 
-    @app.callback(Output("trend", "figure"), Input("tick", "data"), Input("job-id", "data"))
-    def trend(_n, job):
+    @app.callback(Output("trend", "figure"), Input("views-ready", "data"), State("job-id", "data"))
+    def trend(_ready, job):
         res = client.trend(job)
         return build_trend(res.data) if res.ok else _fig_error(res, "step-time trend", 200)
 
-    # Diagnosis (and the timeline) load after the heat-map: the page is usable first,
-    # and the server's detectors never delay the heat-map of a large job.
+    # Diagnosis (and the timeline) load after the heat-map and grid: the page is usable
+    # first, and the server's detectors never delay the heat-map of a large job.
     @app.callback(
         Output("diag", "data"),
-        Input("hm-meta", "data"),
+        Input("views-ready", "data"),
         State("job-id", "data"),
         running=[(Output("busy-diag", "data"), True, False)],
     )
@@ -178,10 +194,11 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         res = client.heatmap(job, metric=metric, agg=agg, from_step=from_step, to_step=to_step,
                              max_rows=HEATMAP_MAX_ROWS, max_cols=HEATMAP_MAX_COLS)
         if not res.ok:
-            return _fig_error(res, "the heat-map", 460), {}
+            return _fig_error(res, "the heat-map", 460), {"ts": time.time()}
         selected = (sel["rank"], sel["step"]) if sel and sel.get("step") is not None else None
-        meta = {**heatmap_meta(res.data), "ts": time.time()}
-        return build_heatmap(res.data, _diag_culprits(diag), selected), meta
+        culprits = _diag_culprits(diag)
+        meta = {**heatmap_meta(res.data), "culprits": culprits, "ts": time.time()}
+        return build_heatmap(res.data, culprits, selected), meta
 
     @app.callback(
         Output("heatmap", "figure", allow_duplicate=True),
@@ -190,7 +207,8 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         prevent_initial_call=True,
     )
     def mark_heatmap(diag, meta):
-        if not meta or not meta.get("row_labels"):
+        # Only when the diagnosis changed after the heat-map was drawn with the old one.
+        if not meta or not meta.get("row_labels") or meta.get("culprits") == _diag_culprits(diag):
             return no_update
         patch = Patch()
         patch["data"][1] = culprit_trace(meta, _diag_culprits(diag)).to_plotly_json()
@@ -207,10 +225,11 @@ def register(app: dash.Dash, client: ApiClient) -> None:
     def grid(_n, job, diag):
         res = client.grid(job, max_cells=GRID_MAX_CELLS)
         if not res.ok:
-            return _fig_error(res, "the topology grid", 460), {}, None
-        fig = build_grid(res.data, _diag_culprits(diag))
+            return _fig_error(res, "the topology grid", 460), {"ts": time.time()}, None
+        culprits = _diag_culprits(diag)
+        fig = build_grid(res.data, culprits)
         meta = dict((fig.get("layout", {}) if isinstance(fig, dict) else fig.layout.to_plotly_json()).get("meta") or {})
-        meta["ts"] = time.time()
+        meta.update(culprits=culprits, ts=time.time())
         return fig, meta, {"topology": res.data["topology"], "ranks": res.data.get("ranks", [])}
 
     @app.callback(
@@ -220,11 +239,11 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         prevent_initial_call=True,
     )
     def mark_grid(diag, meta):
-        if not meta or "overlay_start" not in meta:
+        if not meta or "overlay_start" not in meta or meta.get("culprits") == _diag_culprits(diag):
             return no_update
         patch = Patch()
         for i, trace in enumerate(grid_culprit_traces(meta, _diag_culprits(diag))):
-            patch["data"][meta["overlay_start"] + i] = trace.to_plotly_json()
+            patch["data"][meta["overlay_start"] + i] = trace
         return patch
 
     @app.callback(Output("hang-panel", "children"), Input("diag", "data"), Input("grid-ranks", "data"))
@@ -261,10 +280,10 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         Input("ranks", "value"),
         Input("from-step", "value"),
         Input("to-step", "value"),
-        Input("hm-meta", "data"),
+        Input("views-ready", "data"),
         State("job-id", "data"),
     )
-    def timeline(sel, ranks, from_step, to_step, _meta, job):
+    def timeline(sel, ranks, from_step, to_step, _ready, job):
         # Refetched even for a pinned step: a newer trigger supersedes the one in flight,
         # so skipping here could leave the panel without any answer.
         res = client.timeline(job, **timeline_params(sel, ranks, from_step, to_step))
@@ -300,7 +319,7 @@ def register(app: dash.Dash, client: ApiClient) -> None:
     )
     def rank_detail(sel, from_step, to_step, job, grid_ranks):
         if not sel or sel.get("rank") is None:
-            return message("click a heat-map or grid cell to select a rank"), message_figure(
+            return message("click a heat-map or grid cell to select a rank"), message_dict(
                 "select a rank for its GPU / NIC metrics", height=300)
         rank = int(sel["rank"])
         if sel.get("step") is not None:

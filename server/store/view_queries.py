@@ -141,10 +141,13 @@ GROUP BY step ORDER BY step
 """
 
 RANK_SCORES = f"""
-SELECT rank, quantileExact(0.5)(own) AS own_ns, max(step) AS last_step, count() AS num_steps
-FROM (SELECT step, rank, {_OWN} AS own FROM ({_ROLLUP_PER_RANK_STEP}))
+SELECT rank, quantileExact(0.5)(own) AS own_ns, max(step) AS last_step, count() AS num_steps,
+       if(countIf(step_ns > 0) > 0, maxIf(step, step_ns > 0), -1) AS last_done_step
+FROM (SELECT step, rank, step_ns, {_OWN} AS own FROM ({_ROLLUP_PER_RANK_STEP}))
 GROUP BY rank
 """
+"""``last_done_step``: the last completed step in the window, -1 when none (then
+:data:`RANK_LAST_STEP` over the whole history has it)."""
 
 RANK_LAST_STEP = f"""
 SELECT rank, max(step) AS last_step FROM {ROLLUP_TABLE}
@@ -313,7 +316,8 @@ def trend(store: Any, job: str, attempt: int, from_step: int, to_step: int) -> p
 
 
 def rank_scores(store: Any, job: str, attempt: int, world: int, from_step: int, to_step: int) -> pd.DataFrame:
-    """Per rank: median own-work time over the window, last step seen, steps seen."""
+    """Per rank: median own-work time over the window, last step seen, steps seen and
+    last completed step in the window (-1 if none)."""
     return store.query_df(
         RANK_SCORES,
         {"job": job, "attempt": attempt, "world": world, "from_step": from_step, "to_step": to_step},

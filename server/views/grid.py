@@ -9,6 +9,7 @@ records) and progress (last step) so a hang shows who is stuck before any detect
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -19,30 +20,79 @@ from fleetscope.topology import Topology
 SLOW_SCORE = 1.10
 """Score from which a rank is drawn as ``slow`` (10% more own work than its stage)."""
 
+SEVERITY: dict[str, int] = {"ok": 0, "slow": 1, "missing": 2, "stuck": 3, "dead": 4}
+STATES = tuple(SEVERITY)
+SMALL_STAGE = 64
+"""Up to this many ranks, a rank's reference excludes the rank itself."""
 
-def stage_relative_scores(topo: Topology, own_ns: dict[int, float]) -> dict[int, float]:
-    """Own-work time of each rank relative to the median of the rest of its stage."""
-    by_stage: dict[int, list[tuple[int, float]]] = {}
-    for r, v in own_ns.items():
-        if v is not None and v == v and v > 0:
-            by_stage.setdefault(topo.stage(r), []).append((r, float(v)))
-    scores: dict[int, float] = {}
-    for members in by_stage.values():
-        ranks = np.array([r for r, _ in members])
-        vals = np.array([v for _, v in members])
-        if len(vals) <= 64:  # small stage: exclude the rank itself from its reference
-            ref = np.array([np.median(np.delete(vals, i)) if len(vals) > 1 else vals[0] for i in range(len(vals))])
+# Everything below is numpy over whole-job arrays indexed by rank: a 12,288-rank job
+# is one vector operation per step, not a Python loop per rank.
+
+
+def per_rank(values: Mapping[int, float] | np.ndarray | pd.Series | None, world: int, fill: float) -> np.ndarray:
+    """A length-``world`` float array from a rank -> value mapping (``fill`` where a
+    rank has no value; ranks outside ``0..world-1`` are ignored) or an array."""
+    if isinstance(values, np.ndarray):
+        if values.shape != (world,):
+            raise ValueError(f"per-rank array has shape {values.shape}, expected ({world},)")
+        return values.astype(float)
+    out = np.full(world, fill, dtype=float)
+    if values:
+        r = np.fromiter((int(k) for k in values), dtype=np.int64, count=len(values))
+        v = np.array([np.nan if x is None else float(x) for x in values.values()], dtype=float)
+        ok = (r >= 0) & (r < world)
+        out[r[ok]] = v[ok]
+    return out
+
+
+def frame_to_rank_array(df: pd.DataFrame, column: str, world: int, fill: float) -> np.ndarray:
+    """``df[column]`` scattered into a length-``world`` array by ``df["rank"]``."""
+    out = np.full(world, fill, dtype=float)
+    if df is not None and not df.empty:
+        r = df["rank"].to_numpy(dtype=np.int64)
+        ok = (r >= 0) & (r < world)
+        out[r[ok]] = df[column].to_numpy(dtype=float)[ok]
+    return out
+
+
+def rank_coords(topo: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pp, dp, tp) coordinate arrays of ranks ``0..world-1``."""
+    rank = np.arange(topo.world_size, dtype=np.int64)
+    stride, out = 1, {}
+    for axis in topo.axes_fastest_first:
+        out[axis] = (rank // stride) % topo.size(axis)
+        stride *= topo.size(axis)
+    return out["pp"], out["dp"], out["tp"]
+
+
+def stage_relative_scores(topo: Topology, own_ns: Mapping[int, float] | np.ndarray) -> np.ndarray:
+    """Own-work time of each rank relative to the median of the rest of its stage.
+
+    Returns a length-``world`` array, NaN for ranks without a (positive) own time.
+    """
+    own = per_rank(own_ns, topo.world_size, np.nan)
+    valid = np.isfinite(own) & (own > 0)
+    stage = rank_coords(topo)[0]
+    scores = np.full(topo.world_size, np.nan)
+    for s in range(topo.pp):
+        idx = np.flatnonzero(valid & (stage == s))
+        if idx.size == 0:
+            continue
+        vals = own[idx]
+        if idx.size == 1:
+            ref = vals
+        elif idx.size <= SMALL_STAGE:  # small stage: exclude the rank itself from its reference
+            ref = np.array([np.median(np.delete(vals, i)) for i in range(idx.size)])
         else:  # one rank barely moves the median of many
-            ref = np.full(len(vals), np.median(vals))
-        ratio = np.where(ref > 0, vals / np.where(ref > 0, ref, 1.0), 1.0)
-        scores.update(zip(ranks.tolist(), np.round(ratio, 4).tolist()))
+            ref = np.full(idx.size, np.median(vals))
+        scores[idx] = np.round(np.where(ref > 0, vals / np.where(ref > 0, ref, 1.0), 1.0), 4)
     return scores
 
 
 def rank_states(
     topo: Topology,
-    scores: dict[int, float],
-    last_steps: dict[int, int],
+    scores: Mapping[int, float] | np.ndarray,
+    last_steps: Mapping[int, int] | np.ndarray,
     heartbeats: pd.DataFrame,
     inflight: pd.DataFrame,
     now_ns: int,
@@ -53,58 +103,86 @@ def rank_states(
     """State of every rank (``ok``, ``slow``, ``stuck``, ``dead``, ``missing``) and
     details (heartbeat age, in-flight op, last step) for the ranks not ``ok``.
 
-    A rank is ``stuck`` when its latest in-flight record is for a step it has not
-    completed and shows it blocked in one op/section for more than ``stall_s`` (the
-    record's time minus the time it entered the op), or when it is two or more steps
-    behind the job. Heartbeat age only counts while the job is ``live`` (running).
+    ``scores`` and ``last_steps`` are per-rank arrays (NaN / negative where unknown)
+    or rank -> value mappings. A rank is ``stuck`` when its latest in-flight record is
+    for a step it has not completed and shows it blocked in one op/section for more
+    than ``stall_s`` (the record's time minus the time it entered the op), or when it
+    is two or more steps behind the job. Heartbeat age only counts while the job is
+    ``live`` (running).
     """
-    hb = {int(r["rank"]): r for r in heartbeats.to_dict("records")} if not heartbeats.empty else {}
-    inf = {int(r["rank"]): r for r in inflight.to_dict("records")} if not inflight.empty else {}
-    top_step = max(last_steps.values()) if last_steps else -1
-    states: list[str] = []
+    n = topo.world_size
+    score = per_rank(scores, n, np.nan)
+    last = per_rank(last_steps, n, -1.0)
+    last = np.where(np.isfinite(last) & (last >= 0), last, -1).astype(np.int64)
+    has_last = last >= 0
+    top_step = int(last.max()) if has_last.any() else -1
+
+    hb = _latest_rows(heartbeats, n)
+    has_hb = np.zeros(n, dtype=bool)
+    hb_age = np.full(n, np.nan)
+    hb_alive = np.ones(n, dtype=bool)
+    if hb is not None:
+        r = hb["rank"].to_numpy(dtype=np.int64)
+        has_hb[r] = True
+        hb_age[r] = np.round((now_ns - hb["hb_ts_ns"].to_numpy(dtype=np.int64)) / 1e9, 1)
+        hb_alive[r] = hb["hb_alive"].to_numpy().astype(bool)
+
+    inf = _latest_rows(inflight, n)
+    has_inf = np.zeros(n, dtype=bool)
+    blocked = np.zeros(n, dtype=bool)  # in an op of a step it has not completed
+    blocked_s = np.zeros(n)
+    if inf is not None:
+        r = inf["rank"].to_numpy(dtype=np.int64)
+        has_inf[r] = True
+        kind = inf["if_kind"].astype(str).to_numpy()
+        step = inf["if_step"].to_numpy(dtype=np.int64)
+        blocked[r] = ~np.isin(kind, ("", "idle")) & (step > last[r])
+        blocked_s[r] = np.round((inf["if_ts_ns"].to_numpy(dtype=np.int64) - inf["if_since_ns"].to_numpy(dtype=np.int64)) / 1e9, 1)
+
+    sev = np.full(n, SEVERITY["ok"], dtype=np.int8)
+    behind = has_last & (top_step >= 0) & (last < top_step - 1)
+    # Lowest precedence first; each later rule overrides the earlier ones.
+    sev[behind] = SEVERITY["stuck"]
+    sev[np.nan_to_num(score, nan=1.0) >= SLOW_SCORE] = SEVERITY["slow"]
+    sev[blocked & (blocked_s > stall_s)] = SEVERITY["stuck"]
+    sev[~has_last & ~has_hb & ~has_inf] = SEVERITY["missing"]
+    if live:
+        sev[has_hb & (~hb_alive | (hb_age > heartbeat_timeout_s))] = SEVERITY["dead"]
+    states = np.array(STATES, dtype=object)[sev]
+
     details: dict[int, dict[str, Any]] = {}
-    for r in topo.ranks():
-        d: dict[str, Any] = {"last_step": last_steps.get(r)}
-        h = hb.get(r)
-        if h is not None:
-            d["heartbeat_age_s"] = round((now_ns - int(h["hb_ts_ns"])) / 1e9, 1)
-            d["alive"] = bool(h["hb_alive"])
-            d["host"] = str(h["hb_host"])
-        i = inf.get(r)
-        if i is not None and str(i["if_kind"]) not in ("", "idle"):
+    hb_rows = {int(x["rank"]): x for x in hb.to_dict("records")} if hb is not None else {}
+    inf_rows = {int(x["rank"]): x for x in inf.to_dict("records")} if inf is not None else {}
+    for r in np.flatnonzero(sev != SEVERITY["ok"]).tolist():
+        d: dict[str, Any] = {"state": states[r], "score": None if np.isnan(score[r]) else float(score[r]),
+                             "last_step": int(last[r]) if has_last[r] else None}  # fmt: skip
+        if has_hb[r]:
+            h = hb_rows[r]
+            d.update(heartbeat_age_s=float(hb_age[r]), alive=bool(hb_alive[r]), host=str(h["hb_host"]))
+        if blocked[r]:
+            i = inf_rows[r]
             d["inflight"] = {
-                "kind": str(i["if_kind"]),
-                "op": str(i["if_op"]),
-                "group_id": str(i["if_group_id"]),
-                "seq": int(i["if_seq"]),
-                "peer": int(i["if_peer"]),
-                "blocked_s": round((int(i["if_ts_ns"]) - int(i["if_since_ns"])) / 1e9, 1),
+                "kind": str(i["if_kind"]), "op": str(i["if_op"]), "group_id": str(i["if_group_id"]),
+                "seq": int(i["if_seq"]), "peer": int(i["if_peer"]), "blocked_s": float(blocked_s[r]),
                 "step": int(i["if_step"]),
-            }
-            if int(i["if_step"]) <= last_steps.get(r, -1):
-                del d["inflight"]  # the rank finished that step since: not blocked any more
-        if live and h is not None and (not d["alive"] or d["heartbeat_age_s"] > heartbeat_timeout_s):
-            state = "dead"
-        elif r not in last_steps and h is None and i is None:
-            state = "missing"
-        elif "inflight" in d and d["inflight"]["blocked_s"] > stall_s:
-            state = "stuck"
-        elif scores.get(r, 1.0) >= SLOW_SCORE:
-            state = "slow"
-        elif top_step >= 0 and last_steps.get(r, top_step) < top_step - 1:
-            state = "stuck"
-        else:
-            state = "ok"
-        states.append(state)
-        if state != "ok":
-            details[r] = {"state": state, "score": scores.get(r), **d}
-    return states, details
+            }  # fmt: skip
+        details[r] = d
+    return states.tolist(), details
+
+
+def _latest_rows(df: pd.DataFrame | None, world: int) -> pd.DataFrame | None:
+    """The rows of a per-rank frame whose rank is in ``0..world-1`` (None if none)."""
+    if df is None or df.empty:
+        return None
+    r = df["rank"].to_numpy(dtype=np.int64)
+    df = df[(r >= 0) & (r < world)]
+    return None if df.empty else df
 
 
 def grid_payload(
     job: str,
     topo: Topology,
-    scores: dict[int, float],
+    scores: Mapping[int, float] | np.ndarray,
     states: list[str],
     details: dict[int, dict[str, Any]],
     window: tuple[int, int] | None,
@@ -113,27 +191,28 @@ def grid_payload(
 ) -> dict[str, Any]:
     """The JSON body of ``GET /jobs/{job}/grid``: columnar cells, aggregated over DP
     buckets (worst score wins) when the job has more than ``max_cells`` ranks."""
-    dp_bucket = max(1, math.ceil(topo.world_size / max(1, max_cells)))
+    n = topo.world_size
+    dp_bucket = max(1, math.ceil(n / max(1, max_cells)))
     dp_bucket = min(dp_bucket, topo.dp)
-    severity = {"ok": 0, "slow": 1, "missing": 2, "stuck": 3, "dead": 4}
-    agg: dict[tuple[int, int, int], dict[str, Any]] = {}
-    for r, c in topo.iter_coords():
-        key = (c.pp, c.dp // dp_bucket, c.tp)
-        s = scores.get(r)
-        st = states[r]
-        cur = agg.get(key)
-        if cur is None:
-            agg[key] = {"rank": r, "score": s, "state": st}
-            continue
-        if s is not None and (cur["score"] is None or s > cur["score"]):
-            cur["score"], cur["rank"] = s, r
-        if severity[st] > severity[cur["state"]]:
-            cur["state"] = st
-    keys = sorted(agg)
-    counts: dict[str, int] = {}
-    for st in states:
-        counts[st] = counts.get(st, 0) + 1
-    worst = sorted(details.items(), key=lambda kv: (-severity[kv[1]["state"]], -(kv[1]["score"] or 0)))
+    n_dpb = math.ceil(topo.dp / dp_bucket)
+    score = per_rank(scores, n, np.nan)
+    names = np.asarray(states, dtype=str)
+    sev = np.zeros(n, dtype=np.int8)
+    for name, level in SEVERITY.items():
+        sev[names == name] = level
+    pp, dp, tp = rank_coords(topo)
+    cell = (pp * n_dpb + dp // dp_bucket) * topo.tp + tp  # sorted cell order = (pp, dp bucket, tp)
+    # Representative rank of a cell: the highest score, ties and all-unknown -> lowest rank.
+    order = np.lexsort((np.arange(n), -np.nan_to_num(score, nan=-np.inf), cell))
+    first = np.ones(n, dtype=bool)
+    first[1:] = cell[order][1:] != cell[order][:-1]
+    rep = order[first]
+    cells = cell[rep]
+    worst = np.zeros(cells.max() + 1, dtype=np.int8)
+    np.maximum.at(worst, cell, sev)
+    rep_score = score[rep]
+    counts = np.bincount(sev, minlength=len(STATES))
+    top = sorted(details.items(), key=lambda kv: (-SEVERITY[kv[1]["state"]], -(kv[1]["score"] or 0)))
     return {
         "job": job,
         "topology": topo.to_dict(),
@@ -142,13 +221,13 @@ def grid_payload(
         "score_label": "own work ÷ stage median",
         "slow_score": SLOW_SCORE,
         "cells": {
-            "pp": [k[0] for k in keys],
-            "dp": [k[1] for k in keys],
-            "tp": [k[2] for k in keys],
-            "rank": [agg[k]["rank"] for k in keys],
-            "score": [agg[k]["score"] for k in keys],
-            "state": [agg[k]["state"] for k in keys],
+            "pp": pp[rep].tolist(),
+            "dp": (dp[rep] // dp_bucket).tolist(),
+            "tp": tp[rep].tolist(),
+            "rank": rep.tolist(),
+            "score": np.where(np.isnan(rep_score), None, rep_score.astype(object)).tolist(),
+            "state": np.array(STATES, dtype=object)[worst[cells]].tolist(),
         },
-        "state_counts": counts,
-        "ranks": [{"rank": r, **d} for r, d in worst[:max_details]],
+        "state_counts": {name: int(c) for name, c in zip(STATES, counts) if c},
+        "ranks": [{"rank": r, **d} for r, d in top[:max_details]],
     }

@@ -8,12 +8,14 @@ timeline at most ``max_spans`` spans, whatever the job size.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
+import numpy as np
 from fastapi import APIRouter, HTTPException, Query
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fleetscope.server.api.deps import SessionDep, StoreDep
 from fleetscope.server.db.models import Job
 from fleetscope.server.store import queries, view_queries
@@ -29,6 +31,15 @@ MAX_TRACE_SPANS = 1_000_000
 STALL_S = 10.0
 """A rank blocked in one op/section longer than this is drawn as ``stuck``."""
 HEARTBEAT_TIMEOUT_S = 30.0
+
+
+def json_body(payload: dict[str, Any]) -> Response:
+    """``payload`` (plain lists, numbers, strings, ``None``) serialised once with the C
+    encoder. A dict returned from a route is walked element by element by FastAPI's
+    ``jsonable_encoder`` first: for a 160 x 200 heat-map that walk costs several times
+    the encoding itself. NaN is refused, as by Starlette's ``JSONResponse``."""
+    body = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return Response(body.encode(), media_type="application/json")
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,7 @@ def heatmap(
     to_step: Annotated[int | None, Query(ge=0)] = None,
     max_rows: Annotated[int, Query(ge=1, le=20_000)] = 256,
     max_cols: Annotated[int, Query(ge=1, le=5_000)] = 200,
-) -> dict:
+) -> Response:
     """Rank x step matrix of one metric, ranks in (pp, dp, tp) order, bucketed server side
     so the answer is at most ``max_rows`` x ``max_cols`` cells. Each cell also names the
     rank with the largest value in it (for click-through)."""
@@ -103,11 +114,11 @@ def heatmap(
     window = step_window(store, jv, from_step, to_step, max_cols)
     row_bucket = heatmap_view.row_bucket_size(jv.topo, max_rows)
     if window is None:
-        return heatmap_view.heatmap_payload(job, jv.topo, m, agg, 0, -1, row_bucket, 1, None)
+        return json_body(heatmap_view.heatmap_payload(job, jv.topo, m, agg, 0, -1, row_bucket, 1, None))
     lo, hi = window
     step_bucket = heatmap_view.step_bucket_size(hi - lo + 1, max_cols)
     cells = view_queries.heatmap_cells(store, job, jv.attempt, jv.topo, m, agg, lo, hi, row_bucket, step_bucket)
-    return heatmap_view.heatmap_payload(job, jv.topo, m, agg, lo, hi, row_bucket, step_bucket, cells)
+    return json_body(heatmap_view.heatmap_payload(job, jv.topo, m, agg, lo, hi, row_bucket, step_bucket, cells))
 
 
 @router.get("/jobs/{job}/grid")
@@ -117,26 +128,30 @@ def grid(
     session: SessionDep,
     window_steps: Annotated[int, Query(ge=1, le=1000, description="recent steps the score is taken over")] = 20,
     max_cells: Annotated[int, Query(ge=1, le=100_000)] = 16_384,
-) -> dict:
+) -> Response:
     """Per-rank state (ok, slow, stuck, dead, missing) and straggler score (own work ÷
     median of the rest of its pipeline stage over the recent window) for the 3D grid;
     DP replicas are bucketed (worst wins) beyond ``max_cells`` ranks."""
     jv = resolve_job(session, store, job)
     now_ns = time.time_ns()
+    world = jv.topo.world_size
     window = step_window(store, jv, None, None, window_steps)
-    own: dict[int, float] = {}
+    own = np.full(world, np.nan)
+    last_steps = np.full(world, -1.0)
     if window is not None:
-        df = view_queries.rank_scores(store, job, jv.attempt, jv.topo.world_size, *window)
-        own = dict(zip(df["rank"].astype(int), df["own_ns"].astype(float))) if not df.empty else {}
-    last = view_queries.rank_last_steps(store, job, jv.attempt)
-    last_steps = dict(zip(last["rank"].astype(int), last["last_step"].astype(int))) if not last.empty else {}
+        df = view_queries.rank_scores(store, job, jv.attempt, world, *window)
+        own = grid_view.frame_to_rank_array(df, "own_ns", world, np.nan)
+        last_steps = grid_view.frame_to_rank_array(df, "last_done_step", world, -1.0)
+    if (last_steps < 0).any():  # a rank with no completed step in the window: look further back
+        last = view_queries.rank_last_steps(store, job, jv.attempt)
+        last_steps = np.maximum(last_steps, grid_view.frame_to_rank_array(last, "last_step", world, -1.0))
     scores = grid_view.stage_relative_scores(jv.topo, own)
     states, details = grid_view.rank_states(
         jv.topo, scores, last_steps,
         view_queries.latest_heartbeats(store, job), view_queries.latest_inflight(store, job, jv.attempt),
         now_ns, STALL_S, HEARTBEAT_TIMEOUT_S, live=jv.status == "running",
     )
-    return grid_view.grid_payload(job, jv.topo, scores, states, details, window, max_cells)
+    return json_body(grid_view.grid_payload(job, jv.topo, scores, states, details, window, max_cells))
 
 
 @router.get("/jobs/{job}/trend")
