@@ -19,9 +19,10 @@ Policy (documented in the README, section "The agent"):
    * policy ``drop-oldest``: the oldest *sealed* unacked segments are deleted until the
      spool fits; every deletion is logged as an error, counted
      (``agent.dropped_unacked_bytes``) and shipped as a ``log_events`` row. Never
-     deleted: the segment a writer is appending to, and the files of the one batch in
-     flight (at most ``--batch-bytes``; a restarted agent must re-send it under its
-     key), so keep the budget well above the batch size.
+     deleted: the segment a writer is appending to, and the files of the pending
+     batches (those in flight and those acked beyond an unacked one: at most
+     4 x ``--in-flight`` batches of ``--batch-bytes``; a restarted agent must re-send
+     them under their keys), so keep the budget well above that.
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ class Retention:
     def apply(self, segs: list[Segment], busy: set[str] = frozenset()) -> list[Segment]:
         """Delete what the policy says; returns the segments still on disk.
 
-        ``busy`` names the files of the batch in flight (never dropped unacked: a
-        restarted agent must be able to re-send it under its key).
+        ``busy`` names the files of the pending batches (never dropped unacked: a
+        restarted agent must be able to re-send them under their keys).
         """
         keep: list[Segment] = []
         deletable: list[Segment] = []
