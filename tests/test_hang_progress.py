@@ -173,7 +173,8 @@ def test_one_incident_per_hang_whichever_rule_fires(tmp_path):
         with maker() as s:
             for ch in sync_incidents(s, "j", [a.to_finding()], now, 20):
                 enqueue_incident(s, ch.incident, now)
-    assert seen[0] == "op_progress" and seen[-1] == "step_stall"
+    # the op rule crossed its threshold first: the incident keeps saying so
+    assert seen == ["op_progress"] * 4
     with maker() as s:
         incs = list(s.scalars(select(Incident)))
         assert len(incs) == 1 and incs[0].kind == "hang" and incs[0].ranks == "[3]"

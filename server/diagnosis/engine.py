@@ -69,6 +69,38 @@ def build_profile(info: JobInfo, frames: JobFrames, breakdown: pd.DataFrame,
                                breakdown[breakdown["step"].isin(steps)], sec, arr)
 
 
+def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
+                  config: DiagnosisConfig = DiagnosisConfig()) -> tuple[HangAnalysis, list[Finding]]:
+    """The hang analysis alone (cheap: no straggler/what-if/MFU work) and its findings:
+    the hang (hosts, heartbeat loss folded in) or, without one, heartbeat losses."""
+    topo = info.topology
+    if info.status not in ("running", "failed"):
+        return HangAnalysis(info.job, False, 0, 0.0, config.hang.hang_min_s, frames.last_step), []
+    rank_last = ({int(r): int(v) for r, v in frames.steps.groupby("rank")["step"].max().items()}
+                 if not frames.steps.empty else {})
+    hc = config.hang
+    op = progress_stall(now_ns, list(topo.ranks()), frames.collectives, frames.sections, frames.inflight,
+                        frames.heartbeats, frames.last_step, frames.first_step,
+                        hang_op_min_s=hc.hang_op_min_s, hang_k=hc.hang_k,
+                        min_history_steps=hc.op_min_history_steps, min_blocked_s=hc.min_blocked_s)
+    hang = analyse_hang(info.job, topo, now_ns, frames.step_times, frames.inflight,
+                        frames.heartbeats, frames.progress, info.start_ns, frames.last_seen,
+                        hc, job_failed=info.status == "failed", rank_last_step=rank_last,
+                        progress_stall=op)
+    hosts = frames.hosts
+    host_data = {}
+    if not frames.steps.empty:
+        host_data = {str(h): int(t) for h, t in frames.steps.groupby("host")["end_ns"].max().items()}
+    lost = detect_heartbeat_loss(info.job, frames.heartbeats, now_ns, hc.heartbeat_stale_s,
+                                 host_data_ns=host_data)
+    hang_finding = hang.to_finding()
+    if hang_finding is None:
+        return hang, lost
+    hang_finding = replace(hang_finding, hosts=tuple(sorted({hosts[r] for r in hang_finding.ranks if r in hosts})))
+    hang_finding.evidence["heartbeat_lost"] = [f.summary for f in lost]  # not separate incidents
+    return hang, [hang_finding]
+
+
 def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
              config: DiagnosisConfig = DiagnosisConfig()) -> JobDiagnosis:
     """All findings for one job at ``now_ns``, strongest first within each detector."""
@@ -81,46 +113,27 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
     profile = build_profile(info, frames, bd, arr, config.stragglers.recent_steps)
     findings = detect_stragglers(info.job, topo, bd, arr, profile, hosts, config.stragglers)
     findings += detect_mismatches(info.job, frames.collectives)
-    running = info.status == "running" or info.status == "failed"
-    if running:
-        rank_last = ({int(r): int(v) for r, v in frames.steps.groupby("rank")["step"].max().items()}
-                     if not frames.steps.empty else {})
-        hc = config.hang
-        op = progress_stall(now_ns, list(topo.ranks()), frames.collectives, frames.sections, frames.inflight,
-                            frames.heartbeats, frames.last_step, frames.first_step,
-                            hang_op_min_s=hc.hang_op_min_s, hang_k=hc.hang_k,
-                            min_history_steps=hc.op_min_history_steps, min_blocked_s=hc.min_blocked_s)
-        hang = analyse_hang(info.job, topo, now_ns, frames.step_times, frames.inflight,
-                            frames.heartbeats, frames.progress, info.start_ns, frames.last_seen,
-                            hc, job_failed=info.status == "failed", rank_last_step=rank_last,
-                            progress_stall=op)
-    else:
-        hang = HangAnalysis(info.job, False, 0, 0.0, config.hang.hang_min_s, frames.last_step)
+    hang, hang_findings = diagnose_hang(info, frames, now_ns, config)
     mfu = mfu_series(frames.step_times, info.model_flops_per_step, info.device_peak_flops,
                      topo.world_size)
     mfu_finding = detect_mfu_drop(info.job, mfu, bd, config.mfu)
     if mfu_finding is not None:
         findings.append(mfu_finding)
-    hang_finding = hang.to_finding()
-    if hang_finding is not None:
-        hang_finding = replace(hang_finding, hosts=tuple(sorted({hosts[r] for r in hang_finding.ranks if r in hosts})))
-        findings.insert(0, hang_finding)
-    if running:
-        host_data = {}
-        if not frames.steps.empty:
-            host_data = {str(h): int(t) for h, t in frames.steps.groupby("host")["end_ns"].max().items()}
-        lost = detect_heartbeat_loss(info.job, frames.heartbeats, now_ns, config.hang.heartbeat_stale_s,
-                                     host_data_ns=host_data)
-        if hang_finding is not None:  # already in the hang incident's evidence
-            hang_finding.evidence["heartbeat_lost"] = [f.summary for f in lost]
-            lost = []
-        findings += lost
+    if hang.stalled:
+        findings[:0] = hang_findings
+    else:
+        findings += hang_findings  # heartbeat losses
     findings += detect_hardware_errors(info.job, frames.log_events, frames.metrics, hosts)
-    hw = hardware_evidence(frames.log_events, frames.metrics, hosts)
+    add_hardware_evidence(findings, frames)
+    return JobDiagnosis(info.job, now_ns, findings, hang, mfu, bd, arr, profile)
+
+
+def add_hardware_evidence(findings: list[Finding], frames: JobFrames) -> None:
+    """Hardware events of a finding's ranks, joined into its evidence."""
+    hw = hardware_evidence(frames.log_events, frames.metrics, frames.hosts)
     if hw:
         for f in findings:
             if f.kind != FindingKind.HARDWARE_ERROR:
                 events = [e for r in f.ranks for e in hw.get(r, [])]
                 if events:
                     f.evidence["hardware_events"] = sorted(set(events))[:20]
-    return JobDiagnosis(info.job, now_ns, findings, hang, mfu, bd, arr, profile)

@@ -360,7 +360,9 @@ def analyse_hang(
     culprits, cls, gid, chain, ev = localise(topo, states, progress, last_seen, last_known)
     ev["culprit_hosts"] = sorted({states[r].host for r in culprits if states[r].host})
     detected_by = "step_stall"
-    if stalled_for < threshold:  # the op-progress rule fired first
+    # report the rule whose threshold was crossed first (stable from pass to pass)
+    if op is not None and op.stalled and (
+            stalled_for < threshold or op.quiet_since_ns + op.threshold_s * 1e9 < last_end + threshold * 1e9):
         detected_by = "op_progress"
         last_end, stalled_for, threshold = op.quiet_since_ns, op.quiet_s, op.threshold_s
     if op is not None:

@@ -35,8 +35,13 @@ def incident_key(f: Finding) -> str:
 
 
 def sync_incidents(session: Session, job: str, findings: list[Finding], now_ns: int,
-                   resolve_after_s: float, job_finished: bool = False) -> list[Change]:
-    """Apply one pass's findings to the job's incidents; returns what changed."""
+                   resolve_after_s: float, job_finished: bool = False,
+                   resolve_missing: bool = True) -> list[Change]:
+    """Apply one pass's findings to the job's incidents; returns what changed.
+
+    ``resolve_missing=False`` for a partial pass (only some detectors ran): incidents
+    absent from ``findings`` are left alone.
+    """
     open_rows = {i.key: i for i in session.scalars(
         select(Incident).where(Incident.job == job, Incident.status.in_(OPEN_STATES)))}
     changes: list[Change] = []
@@ -82,7 +87,7 @@ def sync_incidents(session: Session, job: str, findings: list[Finding], now_ns: 
             inc.num_updates += 1
             changes.append(Change(inc, what))
     for key, inc in open_rows.items():
-        if key in seen:
+        if key in seen or not (resolve_missing or job_finished):
             continue
         gone_s = (now_ns - inc.last_seen_ns) / 1e9
         if job_finished or gone_s >= resolve_after_s:

@@ -25,7 +25,8 @@ from sqlalchemy import or_, select
 
 from fleetscope.topology import Topology
 
-from .engine import DiagnosisConfig, JobDiagnosis, JobInfo, diagnose
+from .engine import DiagnosisConfig, JobDiagnosis, JobInfo, add_hardware_evidence, diagnose, diagnose_hang
+from .findings import FindingKind
 from .hangs import HangConfig
 from .incidents import sync_incidents
 from .loader import load_job_frames
@@ -82,6 +83,8 @@ class DiagnosisLoop(PeriodicAlertingService):
         self._cursor = 0
         self._due_ns: dict[str, int] = {}
         """job -> wall time at which its stall rules may fire (early pass then)."""
+        self._closed: dict[str, int] = {}
+        """finished job -> its ``updated_ns`` when its incidents were resolved."""
 
     async def prepare(self) -> None:
         await asyncio.to_thread(self._install_defaults)
@@ -100,25 +103,30 @@ class DiagnosisLoop(PeriodicAlertingService):
         return rows
 
     def tick(self) -> int:
-        """One pass over up to ``max_jobs`` active jobs; returns alert rows queued."""
+        """One pass over up to ``max_jobs`` live jobs (running ones first); returns alert rows
+        queued. A finished job only has its incidents resolved, once."""
         now = time.time_ns()
         jobs = self.active_jobs(now)
-        if not jobs:
-            return 0
-        n = min(self.max_jobs, len(jobs))
-        picked = [jobs[(self._cursor + i) % len(jobs)] for i in range(n)]
-        self._cursor = (self._cursor + n) % max(len(jobs), 1)
-        picked += [j for j in jobs if j not in picked and self._due_ns.get(j.id, now + 1) <= now]
-        active = {j.id for j in jobs}
-        self._due_ns = {k: v for k, v in self._due_ns.items() if k in active}
-        queued = self._run_jobs(picked, now)
+        by_id = {j.id: j for j in jobs}
+        self._due_ns = {k: v for k, v in self._due_ns.items() if k in by_id}
+        self._closed = {k: v for k, v in self._closed.items() if k in by_id}
+        queued = 0
+        for j in jobs:
+            if j.status == "finished" and self._closed.get(j.id) != j.updated_ns:
+                queued += self._guarded(self.close_job, j)
+        live = [j for j in jobs if j.status != "finished"]
+        if live:
+            n = min(self.max_jobs, len(live))
+            picked = [live[(self._cursor + i) % len(live)] for i in range(n)]
+            self._cursor = (self._cursor + n) % len(live)
+            picked.sort(key=lambda j: j.status != "running")  # stable: round-robin order within
+            queued += self._run_jobs(picked, by_id)
         self.num_ticks += 1
         return queued
 
     def due_in_s(self) -> float:
-        if not self._due_ns:
-            return float("inf")
-        return (min(self._due_ns.values()) - time.time_ns()) / 1e9
+        due = list(self._due_ns.values())  # one atomic copy: the pass thread updates it
+        return (min(due) - time.time_ns()) / 1e9 if due else float("inf")
 
     def tick_due(self) -> int:
         """Early pass over the jobs whose stall threshold is due now."""
@@ -126,45 +134,97 @@ class DiagnosisLoop(PeriodicAlertingService):
         due = {k for k, v in self._due_ns.items() if v <= now + 20_000_000}
         if not due:
             return 0
-        picked = [j for j in self.active_jobs(now) if j.id in due][: self.max_jobs]
-        for k in due - {j.id for j in picked}:
+        by_id = {j.id: j for j in self.active_jobs(now) if j.status != "finished"}
+        for k in due - set(by_id):
             self._due_ns.pop(k, None)
         self.num_early_passes += 1
-        return self._run_jobs(picked, now)
+        return self._run_jobs([by_id[k] for k in sorted(due & set(by_id))][: self.max_jobs], by_id, full=False)
 
-    def _run_jobs(self, rows: list[Job], now_ns: int) -> int:
-        queued = 0
-        for row in rows:
-            try:
-                queued += self.run_job(row, now_ns)
-            except Exception:
-                self._due_ns.pop(row.id, None)
-                log.exception("diagnosis of job %s failed", row.id)
+    def _run_jobs(self, rows: list[Job], by_id: dict[str, Job], full: bool = True) -> int:
+        """Diagnose ``rows`` in order (all detectors, or the hang analysis alone), but a job
+        whose stall becomes due meanwhile goes next, with the hang analysis alone."""
+        queued, done, pending = 0, set(), list(rows)
+        while pending:
+            now = time.time_ns()
+            due = sorted((v, k) for k, v in self._due_ns.items() if v <= now and k in by_id and k not in done)
+            row = by_id[due[0][1]] if due else pending.pop(0)
+            if row.id in done:
+                continue
+            done.add(row.id)
+            queued += self._guarded(self.run_job if full and not due else self.run_hang_job, row)
         return queued
 
-    def run_job(self, row: Job, now_ns: int) -> int:
+    def _guarded(self, fn: Any, row: Job) -> int:
+        try:
+            return fn(row)
+        except Exception:
+            self._due_ns.pop(row.id, None)
+            log.exception("diagnosis of job %s failed", row.id)
+            return 0
+
+    def close_job(self, row: Job) -> int:
+        """A finished job: resolve its open incidents (and queue their resolved alerts)."""
+        now = time.time_ns()
+        self._due_ns.pop(row.id, None)
+        with self.app.state.db() as s:
+            changes = sync_incidents(s, row.id, [], now, self.resolve_after_s, job_finished=True)
+            queued = sum(enqueue_incident(s, ch.incident, now, self.base_url) for ch in changes)
+        self._closed[row.id] = row.updated_ns
+        self._wake_dispatcher(queued)
+        return queued
+
+    def run_job(self, row: Job) -> int:
+        """Diagnose one job now: incidents, alert rows, when its stall rules are next due."""
+        now_ns = time.time_ns()
         info = job_info(row)
         result = diagnose_job(self.app.state.store, info, now_ns, self.config)
         self.latest[info.job] = result
-        due = result.hang.due_in_s
-        if due is None or info.status == "finished":
-            self._due_ns.pop(info.job, None)
-        else:
-            self._due_ns[info.job] = time.time_ns() + int(max(due, MIN_RECHECK_S) * 1e9)
-        finished = info.status == "finished"
+        self._schedule(info.job, result.hang.due_in_s, now_ns)
         with self.app.state.db() as s:
-            findings = [] if finished else result.findings
-            changes = sync_incidents(s, info.job, findings, now_ns, self.resolve_after_s,
-                                     job_finished=finished)
+            changes = sync_incidents(s, info.job, result.findings, now_ns, self.resolve_after_s)
             queued = 0
             for ch in changes:
                 if ch.what in ("opened", "updated", "resolved"):
                     queued += enqueue_incident(s, ch.incident, time.time_ns(), self.base_url)
-        if queued:  # deliver now, not after the rest of this pass
-            dispatcher = getattr(self.app.state, "alert_dispatcher", None)
-            if dispatcher is not None:
-                dispatcher.wake()
+        self._wake_dispatcher(queued)
+        took_s = (time.time_ns() - now_ns) / 1e9
+        if took_s > self.tick_s:
+            log.info("diagnosis pass of job %s took %.1f s (tick %.1f s)", info.job, took_s, self.tick_s)
         return queued
+
+    def run_hang_job(self, row: Job) -> int:
+        """The hang analysis alone, for a job whose stall threshold is due: a pass without
+        the straggler/what-if/MFU work (most of a full pass), and a hang incident at once."""
+        now_ns = time.time_ns()
+        info = job_info(row)
+        frames = load_job_frames(self.app.state.store, info.job, now_ns,
+                                 window_steps=self.config.stragglers.window_steps)
+        hang, findings = diagnose_hang(info, frames, now_ns, self.config)
+        self._schedule(info.job, hang.due_in_s, now_ns)
+        cached = self.latest.get(info.job)
+        if cached is not None:
+            cached.hang = hang
+        findings = [f for f in findings if f.kind == FindingKind.HANG]
+        if not findings:
+            return 0
+        add_hardware_evidence(findings, frames)
+        with self.app.state.db() as s:
+            changes = sync_incidents(s, info.job, findings, now_ns, self.resolve_after_s, resolve_missing=False)
+            queued = sum(enqueue_incident(s, ch.incident, time.time_ns(), self.base_url) for ch in changes)
+        self._wake_dispatcher(queued)
+        return queued
+
+    def _schedule(self, job: str, due_in_s: float | None, now_ns: int) -> None:
+        if due_in_s is None:
+            self._due_ns.pop(job, None)
+        else:
+            self._due_ns[job] = now_ns + int(max(due_in_s, MIN_RECHECK_S) * 1e9)
+
+    def _wake_dispatcher(self, queued: int) -> None:
+        """Deliver new alert rows now, not after the rest of this pass."""
+        dispatcher = getattr(self.app.state, "alert_dispatcher", None)
+        if queued and dispatcher is not None:
+            dispatcher.wake()
 
 
 def diagnosis_loop(app: Any) -> Any:
