@@ -95,7 +95,9 @@ def test_rank_states_and_grid_payload():
     assert 7777 in p["cells"]["rank"]  # the worst rank represents its bucket
     fig = build_grid(json.loads(json.dumps(p)), culprits=[7777])
     rings = [t for t in fig["data"] if t.get("name", "").startswith("culprits")]
-    assert len(rings) == BIG.pp and sum(len(t["x"]) for t in rings) == 1
+    assert len(rings) == 1 and rings[0]["text"] == ["r7777"]
+    hm = fig["data"][0]  # one heat-map: the rank under the ring is the culprit
+    assert hm["customdata"][rings[0]["y"][0]][rings[0]["x"][0]][0] == 7777
 
 
 def test_synthetic_1f1b_schedule_and_timeline_figure():

@@ -3,26 +3,67 @@
 Each cell is a rank (or a bucket of adjacent DP replicas for very large jobs) coloured
 by its straggler score; ranks in a non-ok state get a state marker and culprit ranks a
 ring, so "which stage, which replica, which TP slot" is read off at a glance.
+
+The panels are laid out side by side in ONE heat-map on one pair of axes (empty cells
+between them), not as plotly subplots: a browser draws one heat-map of ~5,000 cells in
+a fraction of the time it takes to lay out eight subplots with sixteen axes, which was
+most of the job page's load time at 12,288 ranks. The figure is built as plain dicts
+with numpy (plotly's per-property validation would cost more than everything else).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
-from functools import lru_cache
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 from fleetscope.dashboard import palette
 from fleetscope.dashboard.figures.common import colorscale_json, dict_layout, message_figure
-from plotly.subplots import make_subplots
 
 from fleetscope.topology import Topology
 
 STATE_SYMBOLS = {"slow": "diamond", "stuck": "x", "hung": "x", "dead": "square", "missing": "circle-open"}
 MAX_PANEL_COLS = 4
+MAX_TICKS_PER_PANEL = 16
+
+
+@dataclass(frozen=True)
+class Panels:
+    """Where the panel of each pipeline stage sits in the one heat-map: stage ``s`` is
+    column ``s % cols``, row ``s // cols``; a panel is ``n_dp`` x ``tp`` cells, with
+    ``gap_x`` empty columns between panels and ``gap_y`` empty rows above each row of
+    panels (room for its title). Row 0 is drawn at the top (reversed y axis)."""
+
+    pp: int
+    tp: int
+    n_dp: int
+    cols: int
+    rows: int
+    gap_x: int
+    gap_y: int
+
+    @classmethod
+    def of(cls, pp: int, tp: int, n_dp: int) -> Panels:
+        cols = min(pp, MAX_PANEL_COLS)
+        return cls(pp, tp, n_dp, cols, math.ceil(pp / cols), max(1, round(n_dp / 12)), max(1, round(tp / 4)))
+
+    @property
+    def width(self) -> int:
+        return self.cols * (self.n_dp + self.gap_x) - self.gap_x
+
+    @property
+    def height(self) -> int:
+        return self.rows * (self.tp + self.gap_y)
+
+    def origin(self, stage: np.ndarray | int) -> tuple[Any, Any]:
+        """(x, y) of the top-left cell of the panel of ``stage``."""
+        return (stage % self.cols) * (self.n_dp + self.gap_x), (stage // self.cols) * (self.tp + self.gap_y) + self.gap_y
+
+    def to_dict(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in ("pp", "tp", "n_dp", "cols", "rows", "gap_x", "gap_y")}
 
 
 def build_grid(
@@ -30,10 +71,8 @@ def build_grid(
 ) -> go.Figure | dict[str, Any]:
     """Small-multiples figure of the ``/grid`` payload, as a figure dict.
 
-    Built as plain dicts with numpy (thousands of cells: plotly's per-property
-    validation would cost most of a second). A cell's hover names its rank from
-    ``customdata`` and its position from the axes; there is no per-cell text. The x
-    axis counts DP replicas: with buckets, a column sits at its first replica.
+    A cell's hover names its rank and coordinates from ``customdata`` (``[rank, pp,
+    first dp, tp]``; a click selects ``customdata[0]``); there is no per-cell text.
 
     Args:
         data: payload with ``topology`` and columnar ``cells`` (``pp``, ``dp``, ``tp``,
@@ -45,138 +84,131 @@ def build_grid(
     if not cells.get("rank"):
         return message_figure("No per-rank data for this job yet", height=height or 260)
     topo = data["topology"]
-    pp, tp = int(topo["pp"]), int(topo["tp"])
     bucket = max(1, int(data.get("dp_bucket", 1)))
-    n_dp = math.ceil(int(topo["dp"]) / bucket)
-    n_rows = math.ceil(pp / min(pp, MAX_PANEL_COLS))
+    panels = Panels.of(int(topo["pp"]), int(topo["tp"]), math.ceil(int(topo["dp"]) / bucket))
     stage = np.asarray(cells["pp"], dtype=np.int64)
     dp = np.asarray(cells["dp"], dtype=np.int64)
-    tpi = np.asarray(cells["tp"], dtype=np.int64)
+    tp = np.asarray(cells["tp"], dtype=np.int64)
+    rank = np.asarray(cells["rank"], dtype=np.int64)
     score = np.array([np.nan if v is None else float(v) for v in cells["score"]])
-    ok = (stage >= 0) & (stage < pp) & (dp >= 0) & (dp < n_dp) & (tpi >= 0) & (tpi < tp)
-    z = np.full((pp, tp, n_dp), np.nan)
-    z[stage[ok], tpi[ok], dp[ok]] = score[ok]
-    rank = np.full((pp, tp, n_dp), -1, dtype=np.int64)
-    rank[stage[ok], tpi[ok], dp[ok]] = np.asarray(cells["rank"], dtype=np.int64)[ok]
+    ok = (stage >= 0) & (stage < panels.pp) & (dp >= 0) & (dp < panels.n_dp) & (tp >= 0) & (tp < panels.tp)
+    x0, y0 = panels.origin(stage)
+    xs, ys = x0 + dp, y0 + tp
+    z = np.full((panels.height, panels.width), np.nan)
+    z[ys[ok], xs[ok]] = score[ok]
+    custom = np.full((panels.height, panels.width), None, dtype=object)
+    for i in np.flatnonzero(ok).tolist():
+        custom[ys[i], xs[i]] = [int(rank[i]), int(stage[i]), int(dp[i]) * bucket, int(tp[i])]
     known = score[~np.isnan(score)]
     cmin = float(known.min()) if known.size else 0.0
     cmax = float(known.max()) if known.size else 1.0
     if cmax - cmin < 1e-9:
         cmax = cmin + 1.0
     label = data.get("score_label", "straggler score")
-    where = "dp%{x}" if bucket == 1 else f"dp%{{x}} (+{bucket - 1}: worst of {bucket} replicas)"
-    x = (np.arange(n_dp) * bucket).tolist()
-    gap = 1 if n_dp <= 16 else 0
-    traces: list[dict[str, Any]] = []
-    for s in range(pp):
-        axis = _axis_suffix(s)
-        traces.append({
-            "type": "heatmap", "name": f"pp{s}", "xaxis": f"x{axis}", "yaxis": f"y{axis}",
-            "x": x, "z": _nullable(z[s]), "customdata": _nullable(rank[s], missing=-1),
-            "hovertemplate": f"rank %{{customdata}} · pp{s} {where} tp%{{y}}<br>{label}: %{{z:.2f}}<extra></extra>",
-            "colorscale": colorscale_json(palette.SCALAR_COLORSCALE), "zmin": cmin, "zmax": cmax,
-            "showscale": s == 0, "xgap": gap, "ygap": gap,
-            "colorbar": {"title": {"text": label, "side": "right"}, "thickness": 12},
-        })  # fmt: skip
-    traces += _state_markers(cells, stage, dp * bucket, tpi)
+    dp_text = "dp%{customdata[2]}" + (f" (+{bucket - 1}: worst of {bucket} replicas)" if bucket > 1 else "")
+    small = panels.n_dp <= 16 and panels.tp <= 16
+    traces: list[dict[str, Any]] = [{
+        "type": "heatmap", "name": "ranks", "z": np.where(np.isnan(z), None, z.astype(object)).tolist(),
+        "customdata": custom.tolist(), "hoverongaps": False,
+        "hovertemplate": f"rank %{{customdata[0]}} · pp%{{customdata[1]}} {dp_text} tp%{{customdata[3]}}"
+                         f"<br>{label}: %{{z:.2f}}<extra></extra>",
+        "colorscale": colorscale_json(palette.SCALAR_COLORSCALE), "zmin": cmin, "zmax": cmax,
+        "xgap": 1 if small else 0, "ygap": 1 if small else 0,
+        "colorbar": {"title": {"text": label, "side": "right"}, "thickness": 12},
+    }]  # fmt: skip
+    traces += _state_markers(cells, xs, ys, ok)
     meta = grid_meta(data, len(traces))
     wanted = set(int(r) for r in culprits) | set(int(r) for r in data.get("culprits") or [])
     traces += grid_culprit_traces(meta, sorted(wanted))
-    layout = copy.deepcopy(_panels_layout(pp))
-    for s in range(pp):
-        axis = _axis_suffix(s)
-        layout[f"xaxis{axis}"].update(title={"text": "dp" if bucket == 1 else f"dp (buckets of {bucket})"},
-                                      **({"dtick": bucket} if n_dp <= 16 else {}))  # fmt: skip
-        layout[f"yaxis{axis}"].update(title={"text": "tp"}, **({"dtick": 1} if tp <= 16 else {}))
-    layout.update(showlegend=False, meta=meta)
+    layout = {
+        "xaxis": {"title": {"text": "dp" if bucket == 1 else f"dp (buckets of {bucket} replicas)"},
+                  "tickangle": 0, "showgrid": False, "zeroline": False, "range": [-0.5, panels.width - 0.5],
+                  **_ticks(panels, "x", bucket)},
+        "yaxis": {"title": {"text": "tp"}, "showgrid": False, "zeroline": False,
+                  "range": [panels.height - 0.5, -0.5], **_ticks(panels, "y", bucket)},
+        "annotations": [_panel_title(panels, s) for s in range(panels.pp)],
+        "showlegend": False, "meta": meta,
+    }  # fmt: skip
     dict_layout(
         layout,
-        height=height or max(260, 230 * n_rows),
-        title=dict(text=f"topology DP {topo['dp']} × PP {pp} × TP {tp}", x=0.01, y=0.99, yanchor="top", font_size=14),
-        margin=dict(l=10, r=10, t=70, b=30),
+        height=height or max(260, 230 * panels.rows),
+        title=dict(text=f"topology DP {topo['dp']} × PP {panels.pp} × TP {panels.tp}", x=0.01, y=0.99,
+                   yanchor="top", font_size=14),  # fmt: skip
+        margin=dict(l=10, r=10, t=50, b=30),
     )
     return {"data": traces, "layout": layout}
 
 
-@lru_cache(maxsize=16)
-def _panels_layout(pp: int) -> dict[str, Any]:
-    """Axes and panel titles of the ``pp`` small multiples (shared: deep-copy it)."""
-    n_cols = min(pp, MAX_PANEL_COLS)
-    n_rows = math.ceil(pp / n_cols)
-    fig = make_subplots(
-        rows=n_rows,
-        cols=n_cols,
-        subplot_titles=[f"pipeline stage pp{s}" if pp <= 2 else f"pp{s}" for s in range(pp)],
-        horizontal_spacing=0.06 if n_cols > 1 else 0.0,
-        vertical_spacing=0.16 if n_rows > 1 else 0.0,
-    )
-    layout = fig.to_dict()["layout"]
-    layout.pop("template", None)
-    return layout
+def _ticks(panels: Panels, axis: str, bucket: int) -> dict[str, Any]:
+    """Tick positions and labels (real dp / tp numbers) repeated for every panel."""
+    n = panels.n_dp if axis == "x" else panels.tp
+    step = max(1, math.ceil(n / MAX_TICKS_PER_PANEL))
+    if axis == "x" and n > MAX_TICKS_PER_PANEL:
+        local = [0, n // 2]  # the panel's last label would run into the next panel's first
+    else:
+        local = list(range(0, n, step))
+    vals, text = [], []
+    for k in range(panels.cols if axis == "x" else panels.rows):
+        x0, y0 = panels.origin(k if axis == "x" else k * panels.cols)
+        base = x0 if axis == "x" else y0
+        vals += [base + i for i in local]
+        text += [str(i * bucket if axis == "x" else i) for i in local]
+    return {"tickmode": "array", "tickvals": vals, "ticktext": text}
 
 
-def _axis_suffix(stage: int) -> str:
-    return "" if stage == 0 else str(stage + 1)
-
-
-def _nullable(a: np.ndarray, missing: float | None = None) -> list[list[Any]]:
-    """Nested lists with ``None`` where ``a`` is NaN (or equals ``missing``)."""
-    empty = np.isnan(a) if missing is None else a == missing
-    return np.where(empty, None, a.astype(object)).tolist()
+def _panel_title(panels: Panels, stage: int) -> dict[str, Any]:
+    x0, y0 = panels.origin(stage)
+    return {
+        "text": f"pipeline stage pp{stage}" if panels.pp <= 2 else f"pp{stage}", "showarrow": False,
+        "x": x0 + (panels.n_dp - 1) / 2, "y": y0 - 0.5, "xref": "x", "yref": "y", "yanchor": "bottom",
+        "font": {"size": 13},
+    }  # fmt: skip
 
 
 def grid_meta(data: dict[str, Any], overlay_start: int) -> dict[str, Any]:
     """What :func:`grid_culprit_traces` needs; ``overlay_start`` is the index of the
-    first of the per-stage culprit overlay traces."""
-    return {
-        "topology": data["topology"],
-        "dp_bucket": max(1, int(data.get("dp_bucket", 1))),
-        "overlay_start": overlay_start,
-    }
+    culprit overlay trace."""
+    topo = data["topology"]
+    bucket = max(1, int(data.get("dp_bucket", 1)))
+    panels = Panels.of(int(topo["pp"]), int(topo["tp"]), math.ceil(int(topo["dp"]) / bucket))
+    return {"topology": topo, "dp_bucket": bucket, "overlay_start": overlay_start, "panels": panels.to_dict()}
 
 
 def grid_culprit_traces(meta: dict[str, Any], culprits: Sequence[int]) -> list[dict[str, Any]]:
-    """One ring overlay per pipeline stage (always ``pp`` traces, possibly empty), as
-    trace dicts; a ring sits on the column of the rank's DP bucket."""
+    """The culprit ring overlay (always one trace, possibly empty), as a list of trace
+    dicts; a ring sits on the cell of the rank's DP bucket."""
     topo = Topology.from_dict(meta["topology"])
     bucket = int(meta["dp_bucket"])
-    per_stage: dict[int, list[tuple[int, int, int]]] = {s: [] for s in range(topo.pp)}
+    panels = Panels(**meta["panels"]) if meta.get("panels") else Panels.of(topo.pp, topo.tp, math.ceil(topo.dp / bucket))
+    pts = []
     for r in sorted(set(int(x) for x in culprits)):
         if 0 <= r < topo.world_size:
             c = topo.coords(r)
-            per_stage[c.pp].append((c.dp // bucket * bucket, c.tp, r))
-    traces = []
-    for stage in range(topo.pp):
-        pts = per_stage[stage]
-        axis = _axis_suffix(stage)
-        traces.append({
-            "type": "scatter", "name": f"culprits pp{stage}", "xaxis": f"x{axis}", "yaxis": f"y{axis}",
-            "x": [p[0] for p in pts], "y": [p[1] for p in pts], "mode": "markers+text",
-            "marker": {"symbol": "circle-open", "size": 22, "color": palette.CULPRIT_COLOR, "line": {"width": 4}},
-            "text": [f"r{p[2]}" for p in pts], "textposition": "top center",
-            "textfont": {"color": palette.CULPRIT_COLOR, "size": 12},
-            "hovertemplate": "culprit rank %{text}<extra></extra>", "cliponaxis": False,
-        })  # fmt: skip
-    return traces
+            x0, y0 = panels.origin(c.pp)
+            pts.append((x0 + c.dp // bucket, y0 + c.tp, r))
+    return [{
+        "type": "scatter", "name": "culprits", "x": [p[0] for p in pts], "y": [p[1] for p in pts],
+        "mode": "markers+text", "text": [f"r{p[2]}" for p in pts], "textposition": "top center",
+        "marker": {"symbol": "circle-open", "size": 22, "color": palette.CULPRIT_COLOR, "line": {"width": 4}},
+        "textfont": {"color": palette.CULPRIT_COLOR, "size": 12},
+        "hovertemplate": "culprit rank %{text}<extra></extra>", "cliponaxis": False,
+    }]  # fmt: skip
 
 
-def _state_markers(cells: dict[str, list], stage: np.ndarray, x: np.ndarray, tp: np.ndarray) -> list[dict[str, Any]]:
-    """A marker trace per (stage, state) for the cells not ``ok`` (few, even at scale)."""
-    groups: dict[tuple[int, str], tuple[list, list, list]] = {}
+def _state_markers(cells: dict[str, list], xs: np.ndarray, ys: np.ndarray, ok: np.ndarray) -> list[dict[str, Any]]:
+    """A marker trace per state for the cells not ``ok`` (few, even at scale)."""
+    groups: dict[str, tuple[list, list, list]] = {}
     for i, state in enumerate(cells["state"]):
-        if state not in STATE_SYMBOLS:
+        if state not in STATE_SYMBOLS or not ok[i]:
             continue
-        xs, ys, ts = groups.setdefault((int(stage[i]), state), ([], [], []))
-        xs.append(int(x[i]))
-        ys.append(int(tp[i]))
-        ts.append(f"rank {cells['rank'][i]}: {state}")
-    out = []
-    for (s, state), (xs, ys, ts) in sorted(groups.items()):
-        axis = _axis_suffix(s)
-        out.append({
-            "type": "scatter", "name": state, "xaxis": f"x{axis}", "yaxis": f"y{axis}", "x": xs, "y": ys,
-            "mode": "markers", "text": ts, "hovertemplate": "%{text}<extra></extra>",
-            "marker": {"symbol": STATE_SYMBOLS[state], "size": 10, "line": {"width": 1, "color": "white"},
-                       "color": palette.STATE_COLORS.get(state, palette.GREY)},
-        })  # fmt: skip
-    return out
+        gx, gy, gt = groups.setdefault(state, ([], [], []))
+        gx.append(int(xs[i]))
+        gy.append(int(ys[i]))
+        gt.append(f"rank {cells['rank'][i]}: {state}")
+    return [
+        {"type": "scatter", "name": state, "x": gx, "y": gy, "mode": "markers", "text": gt,
+         "hovertemplate": "%{text}<extra></extra>",
+         "marker": {"symbol": STATE_SYMBOLS[state], "size": 10, "line": {"width": 1, "color": "white"},
+                    "color": palette.STATE_COLORS.get(state, palette.GREY)}}
+        for state, (gx, gy, gt) in sorted(groups.items())
+    ]  # fmt: skip
