@@ -32,9 +32,11 @@ MODEL = ["--layers", "4", "--hidden", "128", "--heads", "4", "--seq-len", "64",
          "--global-batch", "16", "--microbatches", "2", "--vocab", "512"]
 
 
-def run_job(tmp: Path, hooks_on: bool, steps: int, index: int) -> tuple[float, float, float]:
-    """One job: median step wall time (s), median CPU time of all ranks per step (s), and
-    the largest per-rank fraction of step time the hooks measured in their own code."""
+def run_job(tmp: Path, hooks_on: bool, steps: int,
+            index: int) -> tuple[float, float, float, float]:
+    """One job: median step wall time (s), median CPU time of all ranks per step (s), the
+    largest per-rank fraction of step time the hooks measured in their own code, and the
+    CPU time of the hooks' background threads (all ranks, whole run) per step (s)."""
     results = tmp / f"results-{index}"
     cmd = [sys.executable, "-m", "fleetscope.cli", "train", "--dp", "2", "--tp", "2", "--pp", "2",
            "--steps", str(steps), "--job", f"bench-{index}", "--spool", str(tmp / "spool"),
@@ -42,7 +44,7 @@ def run_job(tmp: Path, hooks_on: bool, steps: int, index: int) -> tuple[float, f
     if not hooks_on:
         cmd.append("--no-hooks")
     subprocess.run(cmd, check=True, capture_output=True, timeout=900)
-    times, cpu, self_frac = [], [], 0.0
+    times, cpu, self_frac, worker_cpu = [], [], 0.0, 0.0
     for path in sorted(results.glob("rank-*.json")):
         doc = json.loads(path.read_text())
         times.append(doc["step_times_s"])
@@ -50,11 +52,13 @@ def run_job(tmp: Path, hooks_on: bool, steps: int, index: int) -> tuple[float, f
         if doc["hook_stats"]:
             spent = doc["hook_stats"]["overhead_ns"] / 1e9
             self_frac = max(self_frac, spent / sum(doc["step_times_s"]))
+            worker_cpu += doc["hook_stats"]["worker_cpu_ns"] / 1e9
     warm = max(2, steps // 5)
     # the job is synchronous: per step, the slowest rank's time is the job's step time
     per_step = [max(t[i] for t in times) for i in range(warm, steps)]
     cpu_step = [sum(c[i] for c in cpu) for i in range(warm, steps)]
-    return statistics.median(per_step), statistics.median(cpu_step), self_frac
+    return (statistics.median(per_step), statistics.median(cpu_step), self_frac,
+            worker_cpu / steps)
 
 
 def job_ratio(repeats: int, steps: int) -> dict[str, float]:
@@ -64,23 +68,25 @@ def job_ratio(repeats: int, steps: int) -> dict[str, float]:
     cpu_off: list[float] = []
     cpu_on: list[float] = []
     self_frac: list[float] = []
+    worker: list[float] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for rep in range(repeats):
             order = (False, True) if rep % 2 == 0 else (True, False)
             for hooks_on in order:
-                t, c, f = run_job(tmp, hooks_on, steps, len(off) + len(on))
+                t, c, f, w = run_job(tmp, hooks_on, steps, len(off) + len(on))
                 (on if hooks_on else off).append(t)
                 (cpu_on if hooks_on else cpu_off).append(c)
                 if hooks_on:
                     self_frac.append(f)
+                    worker.append(w)
                 print(f"  run {len(off) + len(on):2d}: hooks {'on ' if hooks_on else 'off'} "
                       f"median step {t * 1e3:7.1f} ms, CPU of all ranks per step "
                       f"{c * 1e3:7.1f} ms", flush=True)
     return {"off": statistics.median(off), "on": statistics.median(on),
             "cpu_off": statistics.median(cpu_off), "cpu_on": statistics.median(cpu_on),
             "spread_off": (max(off) - min(off)) / statistics.median(off),
-            "self_fraction": max(self_frac)}
+            "self_fraction": max(self_frac), "worker_cpu": statistics.median(worker)}
 
 
 def section_cost(n: int = 100_000) -> dict[str, float]:
@@ -172,6 +178,9 @@ def main() -> int:
         print(f"CPU of all ranks per step: off {r['cpu_off'] * 1e3:.1f} ms, on "
               f"{r['cpu_on'] * 1e3:.1f} ms, ratio {r['cpu_on'] / r['cpu_off']:.4f} "
               "(includes the hooks' background threads; less sensitive to other load)")
+        print(f"hooks' background threads (thread CPU time, all ranks): "
+              f"{r['worker_cpu'] * 1e3:.2f} ms per step = "
+              f"{r['worker_cpu'] / r['cpu_off']:.3%} of the hooks-off CPU per step")
         if off < 0.2:
             print(f"note: step time {off * 1e3:.0f} ms is below the 200 ms the comparison asks for")
     c = section_cost()

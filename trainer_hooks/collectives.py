@@ -196,7 +196,9 @@ def finish(rec: Recorder, op: Op, failed: bool = False) -> None:
 
 
 class TracedWork:
-    """Proxy for an async ``Work`` that records completion when it is waited on."""
+    """Proxy for an async ``Work`` that records completion when it is waited on (or
+    found completed by ``is_completed()``); the background thread polls only the ones
+    nobody asks about."""
 
     __slots__ = ("_work", "_rec", "_ops")
 
@@ -217,15 +219,27 @@ class TracedWork:
             result = self._work.wait(*args, **kwargs)
         finally:
             rec.stack.pop()
-        t1 = perf_ns()
-        for op in ops:
-            if rec.pending_async.pop(op.key, None) is not None:
+        self._done(rec, perf_ns())
+        return result
+
+    def is_completed(self) -> bool:
+        done = self._work.is_completed()
+        rec = self._rec
+        if done and self._ops and rec is state.recorder:
+            self._done(rec, perf_ns())
+        return done
+
+    def _done(self, rec: Recorder, t1: int) -> None:
+        """The ops completed at ``t1`` (each is recorded once, by whoever sees it first)."""
+        pending = rec.pending_async
+        for op in self._ops:
+            if pending.pop(op.key, None) is not None:
                 op.t_done = t1
                 if rec.cuda is not None:
                     op.ev1 = rec.cuda.event()
                 rec.enqueue(("C", op))
+        self._ops = ()
         rec.overhead_ns += perf_ns() - t1
-        return result
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)

@@ -33,10 +33,11 @@ class HookConfig:
 
     queue_capacity: int = 65536
     """Items the training thread may queue before it starts dropping (and counting)."""
-    poll_interval_s: float = 0.05
-    """How often the background thread drains the queue and polls CUDA events."""
+    poll_interval_s: float = 0.5
+    """How often the background thread drains the queue, resolves CUDA events and polls
+    async ops nobody waited on. It sleeps in between (no wake-ups while idle)."""
     flush_interval_s: float = 0.5
-    """How often finished rows are handed to the sink."""
+    """How often finished rows are handed to the sink (one write per flush)."""
     inflight_interval_s: float = 0.5
     """Period of the liveness ``inflight`` records."""
     metrics_interval_s: float = 5.0
@@ -98,7 +99,10 @@ class Recorder:
         self.worker_errors = 0
         self.last_error = ""
         self._sink_open = False
-        self._stop = threading.Event()
+        self.wakeups = 0
+        self.worker_cpu_ns = 0
+        self._stopping = False
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ training thread
@@ -130,6 +134,7 @@ class Recorder:
             "sink_errors": self.sink_errors, "worker_errors": self.worker_errors,
             "records_written": self.records_written, "queue_len": len(self.queue),
             "pending": len(self.waiting) + len(self.pending_async),
+            "worker_cpu_ns": self.worker_cpu_ns, "worker_wakeups": self.wakeups,
             "worker_alive": bool(self._thread and self._thread.is_alive()),
             "last_error": self.last_error,
         }
@@ -142,41 +147,57 @@ class Recorder:
     def close(self, timeout_s: float = 5.0) -> None:
         """Close the open step, flush everything, stop the thread (idempotent)."""
         self.end_step(perf_ns())
-        self._stop.set()
+        self._stopping = True
+        self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 
     # ------------------------------------------------------------------ background thread
     def _run(self) -> None:
         cfg = self.config
-        now = time.monotonic()
-        next_flush = now + cfg.flush_interval_s
-        next_inflight = now + cfg.inflight_interval_s
-        next_metrics = now + min(1.0, cfg.metrics_interval_s)
-        next_anchor = now + cfg.reanchor_interval_s
+        cpu0 = time.thread_time_ns()
         self._metrics_prev = (time.monotonic_ns(), 0)
         self._guard(self._open_sink)
         if self.cuda is not None:
             self._guard(self.cuda.bind_thread)
             self._guard(self.cuda.reanchor)
-        while not self._stop.wait(cfg.poll_interval_s):
-            self._guard(self._drain)
+        # (period, task, drain first) on one timeline; equal periods share a wake-up. The
+        # in-flight row and the flush come after the rows of everything the trainer
+        # finished before them (the server's progress certificate relies on that).
+        tasks = [(cfg.poll_interval_s, None, True),
+                 (cfg.inflight_interval_s, self._inflight, True),
+                 (cfg.metrics_interval_s, self._metrics, False),
+                 (cfg.flush_interval_s, self._flush, True),
+                 (cfg.reanchor_interval_s, self._reanchor, False)]
+        start = time.monotonic()
+        due = [start + period for period, _, _ in tasks]
+        due[2] = start + min(1.0, cfg.metrics_interval_s)  # first metrics row early
+        while True:
+            self.worker_cpu_ns = time.thread_time_ns() - cpu0
+            self._wake.wait(max(0.0, min(due) - time.monotonic()))
+            if self._stopping:
+                break
             now = time.monotonic()
-            if now >= next_inflight:
-                next_inflight = now + cfg.inflight_interval_s
-                self._guard(self._inflight)
-            if now >= next_metrics:
-                next_metrics = now + cfg.metrics_interval_s
-                self._guard(self._metrics)
-            if now >= next_flush:
-                next_flush = now + cfg.flush_interval_s
-                self._guard(self._flush)
-            if now >= next_anchor:
-                next_anchor = now + cfg.reanchor_interval_s
-                self._guard(self.cpu.reanchor)
-                if self.cuda is not None:
-                    self._guard(self.cuda.reanchor)
+            self.wakeups += 1
+            drained = False
+            for i, (period, fn, drain_first) in enumerate(tasks):
+                if now < due[i]:
+                    continue
+                due[i] += period
+                if due[i] <= now:  # fell behind (suspended, overloaded): skip, don't burst
+                    due[i] = now + period
+                if drain_first and not drained:
+                    drained = True
+                    self._guard(self._drain)
+                if fn is not None:
+                    self._guard(fn)
         self._guard(self._final)
+        self.worker_cpu_ns = time.thread_time_ns() - cpu0
+
+    def _reanchor(self) -> None:
+        self._guard(self.cpu.reanchor)
+        if self.cuda is not None:
+            self._guard(self.cuda.reanchor)
 
     def _guard(self, fn: Any) -> None:
         try:
@@ -326,6 +347,7 @@ class Recorder:
             "hooks.overhead_fraction": (overhead - prev_o) / max(1, now - prev_t),
             "hooks.hooked_calls_total": s["calls"],
             "hooks.overhead_ns_per_call": overhead / max(1, s["calls"]),
+            "hooks.worker_cpu_ns_total": s["worker_cpu_ns"],
             "hooks.records_written_total": s["records_written"],
             "hooks.dropped_records_total": s["dropped_records"],
             "hooks.sink_errors_total": s["sink_errors"],
@@ -342,17 +364,32 @@ class Recorder:
     def _flush(self) -> None:
         self._open_sink()
         rows, self.rows = self.rows, {}
-        for rt, batch in rows.items():
-            if not self._sink_open:
-                self.sink_dropped += len(batch)
-                continue
+        if not rows:
+            return
+        if not self._sink_open:
+            self.sink_dropped += sum(map(len, rows.values()))
+            return
+        write_many = getattr(self.sink, "write_many", None)
+        if write_many is None:  # plain Sink protocol: one call per record type
+            failed = {}
+            for rt, batch in rows.items():
+                try:
+                    self.sink.write(rt, batch)
+                except Exception as e:
+                    failed[rt] = e
+        else:  # e.g. SpoolSink: all frames of this flush in one write
             try:
-                self.sink.write(rt, batch)
-                self.records_written += len(batch)
+                failed = write_many(rows)
             except Exception as e:
+                failed = {rt: e for rt in rows}
+        for rt, batch in rows.items():
+            err = failed.get(rt)
+            if err is None:
+                self.records_written += len(batch)
+            else:
                 self.sink_errors += 1
                 self.sink_dropped += len(batch)
-                self.last_error = f"sink.write({rt}): {e!r}"[:500]
+                self.last_error = f"sink.write({rt}): {err!r}"[:500]
 
     def _final(self) -> None:
         deadline = time.monotonic() + self.config.resolve_timeout_s

@@ -27,6 +27,10 @@ class Sink(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional: ``write_many({record_type: rows, ...}) -> {record_type: exception}``
+    # writes several record types at once (the recorder uses it when present) and
+    # returns the record types it could not write.
+
 
 class MemorySink:
     """Keeps rows in memory, by record type; for tests and in-process consumers."""
@@ -59,9 +63,10 @@ class MemorySink:
 class SpoolSink:
     """Writes ``<spool>/<job>/rank-XXXXX/seg-*.fsp`` frames plus ``rank.json``.
 
-    Each write is one frame (one uncompressed Arrow IPC stream of one record type),
-    written with a single ``write`` call on an unbuffered file so a tailing agent never
-    sees half a frame unless the process dies mid-write (which the spool reader handles).
+    Each record type of a flush is one frame (one uncompressed Arrow IPC stream of one
+    record type, see :mod:`.encode`); the frames of a flush go out in a single ``write``
+    call on an unbuffered file, so a tailing agent never sees half a frame unless the
+    process dies mid-write (which the spool reader handles).
     A new process starts a new segment; segments rotate at ``segment_bytes``.
     """
 
@@ -91,22 +96,46 @@ class SpoolSink:
         self._size = 0
 
     def write(self, record_type: str, rows: list[dict[str, Any]]) -> None:
-        if not rows:
-            return
+        failed = self.write_many({record_type: rows})
+        if failed:
+            raise failed[record_type]
+
+    def write_many(self, batches: dict[str, list[dict[str, Any]]]) -> dict[str, Exception]:
+        """One frame per record type, all appended with one ``write``.
+
+        Returns the record types that could not be encoded (their rows are not written;
+        the others are). Raises ``OSError`` if the file write itself fails.
+        """
+        from fleetscope.trainer_hooks.encode import ipc_stream
+
+        from fleetscope.schema import record_type as lookup
+
+        failed: dict[str, Exception] = {}
+        frames = []
+        for name, rows in batches.items():
+            if not rows:
+                continue
+            try:
+                frames.append(spool.encode_frame(ipc_stream(lookup(name), rows)))
+            except Exception as e:
+                failed[name] = e
+        if not frames:
+            return failed
         if self._file is None:
             if self.dir is None:
                 raise OSError("spool sink was never opened")
             self._rotate()
-        from fleetscope import codec
-        from fleetscope.schema import record_type as lookup
-
-        frame = spool.encode_frame(
-            codec.table_to_ipc(_table(lookup(record_type), rows), compression=None)
-        )
-        if self._size and self._size + len(frame) > self.segment_bytes:
+        size = sum(map(len, frames))
+        if self._size and self._size + size > self.segment_bytes:
             self._rotate()
-        self._file.write(frame)
-        self._size += len(frame)
+        data = memoryview(b"".join(frames))
+        while data:  # an unbuffered write may be partial (e.g. interrupted)
+            n = self._file.write(data)
+            if not n:
+                raise OSError("spool write made no progress")
+            data = data[n:]
+        self._size += size
+        return failed
 
     def flush(self) -> None:
         pass  # unbuffered: every frame is already in the OS page cache
@@ -115,24 +144,3 @@ class SpoolSink:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-def _table(rt: Any, rows: list[dict[str, Any]]) -> Any:
-    """Column-wise table build (fast path for rows produced by the recorder itself)."""
-    import pyarrow as pa
-
-    from fleetscope import codec
-    from fleetscope.schema import arrow_type
-
-    arrays = []
-    for c in rt.columns:
-        default = c.default
-        values = [r.get(c.name, default) for r in rows]
-        try:
-            arr = pa.array(values, type=arrow_type(c.type))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-            arr = None
-        if arr is None or arr.null_count:
-            return codec.rows_to_table(rt, rows)  # slow path: raises naming the bad row
-        arrays.append(arr)
-    return pa.Table.from_arrays(arrays, schema=rt.arrow_schema())
