@@ -80,7 +80,12 @@ class Shipper:
         self.compression = compression
         self.stats = ShipStats()
         self.stop_event = stop_event or threading.Event()
-        self.window = AckWindow(in_flight)
+        self.in_flight = in_flight
+        # ``in_flight`` requests on the wire (one per sender thread) plus as many batches
+        # built, pending and ready for the next free sender: the server coalesces
+        # concurrent requests into one insert, so acks come in groups, and a group of
+        # free senders must find a group of batches, not wait for them to be built
+        self.window = AckWindow(2 * in_flight, max_unretired=4 * in_flight)
         self._work: queue.Queue[tuple[Batch, Future] | None] = queue.Queue()
         self._stats_lock = threading.Lock()
         self._ack_lock = threading.Lock()
@@ -96,7 +101,7 @@ class Shipper:
         """Ship until :meth:`stop`; returns after the sender threads have ended."""
         self._prune_offsets()
         self._resend_pending()
-        for i in range(self.window.limit):
+        for i in range(self.in_flight):
             t = threading.Thread(target=self._send_loop, name=f"fleetscope-sender-{i}", daemon=True)
             t.start()
             self._senders.append(t)
@@ -170,7 +175,7 @@ class Shipper:
                 self.stop_event.wait(self.poll_s)
 
     def _dispatch(self, frames: list[ReadFrame]) -> None:
-        """Build and encode a batch, wait for a free slot, make it pending, hand it over."""
+        """Build and encode a batch, wait for room in the window, make it pending, queue it."""
         batch = build_batch(self.host, frames, self.ranks)
         if batch.frames:
             batch.encode(self.compression)  # here, overlapping the senders' requests

@@ -120,8 +120,12 @@ def start_server(workdir: Path, port: int) -> subprocess.Popen:
     raise SystemExit("server not ready in 120 s")
 
 
-def direct(url: str, frames, rows_per_batch: int, in_flight: int) -> tuple[float, int]:
-    """Rows/s for pre-encoded batches POSTed with ``in_flight`` requests at a time."""
+def direct(url: str, frames, rows_per_batch: int, in_flight: int, name: str) -> tuple[float, int]:
+    """Rows/s for pre-encoded batches POSTed with ``in_flight`` requests at a time.
+
+    Keys are unique per run (``name``): a key the server already has is answered as a
+    duplicate without an insert, which would inflate the direct rate.
+    """
     def body(ts: list[pa.Table]) -> bytes:  # as the agent encodes: one record batch
         return codec.encode_batch({"sections": pa.concat_tables(ts).combine_chunks()})
 
@@ -146,8 +150,10 @@ def direct(url: str, frames, rows_per_batch: int, in_flight: int) -> tuple[float
                 return rows
             i, (data, k) = item
             r = c.post(f"{url}/api/v1/ingest", content=data, headers={
-                "Content-Type": codec.ARROW_CONTENT_TYPE, "Idempotency-Key": f"bench-direct-{i}"})
+                "Content-Type": codec.ARROW_CONTENT_TYPE, "Idempotency-Key": f"bench-{name}-{i}"})
             r.raise_for_status()
+            if r.json().get("duplicate"):
+                raise SystemExit(f"direct batch {i} was answered as a duplicate (not inserted)")
             rows += k
 
     with httpx.Client(timeout=120) as c, ThreadPoolExecutor(in_flight) as pool:
@@ -228,7 +234,7 @@ def main() -> int:
             nbytes = write_spool(spool_dir, f"bench-agent{r}", frames, 8 << 20)
             rows_per_batch = int(a.records * _parse_size(a.batch_bytes) / nbytes) or 1
             rate, _ = direct(url, tables(f"bench-direct{r}", a.ranks, a.records, a.rows_per_frame),
-                             rows_per_batch, a.in_flight)
+                             rows_per_batch, a.in_flight, f"direct{r}")
             direct_s += a.records / rate
             rate, cpu, wall = agent_run(url, spool_dir, f"bench-agent{r}", a.records,
                                         a.batch_bytes, a.compression, a.in_flight)
