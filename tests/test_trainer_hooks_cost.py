@@ -46,11 +46,11 @@ def test_direct_encoder_writes_the_codecs_stream(name):
     is taken and pyarrow reads back exactly what the codec's own encoding holds."""
     rt = RECORD_TYPES[name]
     rnd = random.Random(name)
-    _, types, getter, defaults = encode._layout(rt)
+    lay = encode._layout(rt)
     for n in (1, 2, 3, 8, 100):
         rows = [{c.name: _value(rnd, c.type) for c in rt.columns
                  if c.default is None or rnd.random() < 0.7} for _ in range(n)]
-        encode._record_batch(types, encode._columns(getter, defaults, rows), n)  # no _Slow
+        encode._record_batch(lay, encode._columns(lay[2], lay[3], rows), n)  # no _Slow
         got = codec.ipc_to_table(encode.ipc_stream(rt, rows))
         want = codec.rows_to_table(rt, rows)
         assert got.schema.equals(want.schema, check_metadata=True)

@@ -9,8 +9,9 @@ together directly in the Arrow IPC streaming format:
 * the record type's schema message, serialised by pyarrow once and cached;
 * one record-batch message: its flatbuffer metadata (a fixed layout: ``Message`` ->
   ``RecordBatch`` with one ``FieldNode`` per column and the ``Buffer`` list) packed with
-  ``struct``, then the body, each column's buffers packed with ``array``/``bytes.join``
-  and 8-byte aligned (no validity bitmaps: the schema's columns are non-nullable);
+  ``struct``, then the body: the columns' buffers, 8-byte aligned, packed with one
+  ``array`` per numeric type and one ``encode`` pass over the strings (no validity
+  bitmaps: the schema's columns are non-nullable);
 * the end-of-stream marker.
 
 Readers (pyarrow, the agent, ``codec.ipc_to_table``) see the same stream
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from itertools import accumulate
+from itertools import accumulate, chain
 from operator import itemgetter
 from typing import Any
 
@@ -56,27 +57,25 @@ class _Slow(Exception):
 
 
 def _layout(rt: RecordType) -> tuple:
-    """(schema message, column types, row -> values getter, defaults) of ``rt``, cached."""
+    """Cached per record type: (schema message, number of columns, row -> values getter,
+    defaults, [(numeric type, its column indices)], string column indices)."""
     lay = _layouts.get(rt.name)
     if lay is None:
         names = rt.column_names
         getter = itemgetter(*names) if len(names) > 1 else (lambda r: (r[names[0]],))
         defaults = {c.name: c.default for c in rt.columns if c.default is not None}
-        lay = _layouts[rt.name] = (rt.arrow_schema().serialize().to_pybytes(),
-                                   [c.type for c in rt.columns], getter, defaults)
+        numeric: dict[ColType, list[int]] = {}
+        for i, c in enumerate(rt.columns):
+            if c.type not in _STRINGS:
+                numeric.setdefault(c.type, []).append(i)
+        strings = [i for i, c in enumerate(rt.columns) if c.type in _STRINGS]
+        lay = _layouts[rt.name] = (rt.arrow_schema().serialize().to_pybytes(), len(names),
+                                   getter, defaults, list(numeric.items()), strings)
     return lay
 
 
-def _pack(t: ColType, values: list[Any]) -> list[bytes]:
-    """The column's value buffers (after its empty validity buffer)."""
-    if t in _STRINGS:
-        try:
-            data = [v.encode() for v in values]
-        except AttributeError:
-            raise _Slow from None
-        offsets = array("i", [0])
-        offsets.extend(accumulate(map(len, data)))
-        return [offsets.tobytes(), b"".join(data)]
+def _numeric(t: ColType, values: list[Any]) -> bytes:
+    """The values of all columns of type ``t``, column after column, packed."""
     kinds = set(map(type, values))
     if t == ColType.FLOAT64:
         ok = kinds <= {float, int}
@@ -87,7 +86,7 @@ def _pack(t: ColType, values: list[Any]) -> list[bytes]:
     if not ok:
         raise _Slow
     try:
-        return [array(_CODES[t], values).tobytes()]
+        return array(_CODES[t], values).tobytes()
     except OverflowError:
         raise _Slow from None
 
@@ -104,20 +103,38 @@ def _columns(getter: Any, defaults: dict[str, Any], rows: list[dict[str, Any]]) 
             raise _Slow from None
 
 
-def _record_batch(types: list[ColType], columns: list, n: int) -> bytes:
-    buffers, body = [], []
+def _record_batch(lay: tuple, columns: list, n: int) -> bytes:
+    _, n_cols, _, _, numeric, strings = lay
+    col_bufs: list[tuple] = [()] * n_cols
+    for t, idx in numeric:  # one array() per type; each column is a slice of it
+        data = _numeric(t, list(chain.from_iterable(columns[i] for i in idx)))
+        w = len(data) // len(idx)
+        for k, i in enumerate(idx):
+            col_bufs[i] = (data[k * w:(k + 1) * w],)
+    if strings:  # offsets (int32, n + 1) and UTF-8 data per column
+        try:
+            enc = [v.encode() for v in chain.from_iterable(columns[i] for i in strings)]
+        except AttributeError:
+            raise _Slow from None
+        for k, i in enumerate(strings):
+            part = enc[k * n:(k + 1) * n]
+            offsets = array("i", [0])
+            offsets.extend(accumulate(map(len, part)))
+            col_bufs[i] = (offsets.tobytes(), b"".join(part))
+    spans: list[int] = []  # Buffer{offset, length} pairs, flattened
+    body: list[bytes] = []
     pos = 0
-    for t, values in zip(types, columns):
-        buffers.append(_PAIR.pack(pos, 0))  # validity: none (no nulls)
-        for buf in _pack(t, values):
+    for bufs in col_bufs:
+        spans += (pos, 0)  # validity: none (no nulls)
+        for buf in bufs:
             size = len(buf)
-            buffers.append(_PAIR.pack(pos, size))
+            spans += (pos, size)
             body.append(buf)
             pad = -size % 8
             if pad:
                 body.append(_PAD[:pad])
             pos += size + pad
-    n_cols, n_bufs = len(types), len(buffers)
+    n_bufs = len(spans) // 2
     buffers_at = 88 + 16 * n_cols + 4
     meta = _HEAD.pack(
         16,                                   # root: Message table
@@ -127,17 +144,19 @@ def _record_batch(types: list[ColType], columns: list, n: int) -> bytes:
         16, 84 - 60, n, buffers_at - 72,      # RecordBatch table
         n_cols,                               # nodes vector (count at 84)
     )
-    meta += _PAIR.pack(n, 0) * n_cols + struct.pack("<4xI", n_bufs) + b"".join(buffers)
+    meta += (_PAIR.pack(n, 0) * n_cols + struct.pack("<4xI", n_bufs)
+             + struct.pack(f"<{len(spans)}q", *spans))
     return CONTINUATION + struct.pack("<i", len(meta)) + meta + b"".join(body)
 
 
 def ipc_stream(rt: RecordType, rows: list[dict[str, Any]]) -> bytes:
     """One uncompressed Arrow IPC stream holding ``rows`` of record type ``rt``."""
-    schema_msg, types, getter, defaults = _layout(rt)
+    lay = _layout(rt)
     try:
         if not rows:
             raise _Slow
-        return schema_msg + _record_batch(types, _columns(getter, defaults, rows), len(rows)) + EOS
+        columns = _columns(lay[2], lay[3], rows)
+        return lay[0] + _record_batch(lay, columns, len(rows)) + EOS
     except _Slow:
         from fleetscope import codec
 
