@@ -104,11 +104,15 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/alerts"
 
     def first_for(self, job: str, alertnames: set[str]) -> float | None:
+        return self.first_alert(job, alertnames)[0]
+
+    def first_alert(self, job: str, alertnames: set[str]) -> tuple[float | None, dict]:
+        """Arrival time and alert object of the first firing alert of ``job``."""
         for t, p in self.got:
             for a in p["alerts"]:
                 if a["labels"].get("job") == job and a["labels"]["alertname"] in alertnames and a["status"] == "firing":
-                    return t
-        return None
+                    return t, a
+        return None, {}
 
 
 def free_port() -> int:
@@ -178,6 +182,7 @@ class Result:
     hang_class: str = ""
     threshold_s: float | None = None
     detected_by: str = ""
+    load_1m: float | None = None
     stages: dict[str, float] = field(default_factory=dict)
     """hang latency split (s): onset -> quiet (ops still completing after onset), stall
     threshold, crossing -> diagnosis pass (data lag + pass scheduling), pass -> outbox row
@@ -241,7 +246,15 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
         res.culprits = first["ranks"]
         res.hang_class = first["evidence"].get("hang_class", "")
         res.threshold_s = first["evidence"].get("threshold_s")
-        res.detected_by = first["evidence"].get("detected_by", "")
+        # the evidence as it was when the alert fired (the incident's is from the last pass,
+        # after the hung job was stopped)
+        t_alert, alert = rx.first_alert(job, {"FleetscopeHang"} if sc.expect_kinds & HANGS else set())
+        try:
+            fired = {**first, "evidence": json.loads(alert["annotations"]["evidence"])} if alert else first
+        except (KeyError, ValueError):
+            fired = first
+        res.detected_by = fired["evidence"].get("detected_by", "")
+        res.load_1m = round(os.getloadavg()[0], 1)
         if onset:
             res.to_finding_s = round(first["opened_ns"] / 1e9 - onset / 1e9, 1)
             names = {"FleetscopeHang"} if sc.expect_kinds & HANGS else {"FleetscopeStraggler"}
@@ -249,7 +262,7 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
             if t_hook is not None:
                 res.to_webhook_s = round(t_hook - onset / 1e9, 1)
             if sc.expect_kinds & HANGS:
-                res.stages = hang_stages(first, onset, t_hook, http.get(f"{api}/alerts/outbox",
+                res.stages = hang_stages(fired, onset, t_hook, http.get(f"{api}/alerts/outbox",
                                                                        params={"limit": 1000}).json())
     res.ok = judge(sc, res)
     return res
@@ -358,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r.hang_class or '-':<20}{str(r.to_finding_s or '-'):>17}{str(r.to_webhook_s or '-'):>17}  "
                   f"{'yes' if r.ok else 'NO'}", flush=True)
             if r.stages:
-                print(f"    {r.detected_by or 'hang'}: " + ", ".join(f"{k} {v}" for k, v in r.stages.items()),
-                      flush=True)
+                print(f"    {r.detected_by or 'hang'}: " + ", ".join(f"{k} {v}" for k, v in r.stages.items())
+                      + f"; load average (1 min) {r.load_1m}", flush=True)
     finally:
         server.send_signal(signal.SIGTERM)
         try:

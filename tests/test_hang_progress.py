@@ -228,3 +228,36 @@ def test_periodic_service_wakes_early_when_work_is_due():
     asyncio.run(go(svc))
     assert len(svc.regular) == 1 and len(svc.early) == 1
     assert 0.35 <= svc.early[0] - t0 <= 1.0
+
+
+def test_hang_only_pass_leaves_the_other_incidents_alone(tmp_path):
+    """The early pass runs the hang analysis alone: open straggler incidents it did not
+    look at must not be resolved as 'not detected'."""
+    from fleetscope.server.db import open_db
+    from fleetscope.server.db.diagnosis_models import Incident
+    from fleetscope.server.diagnosis.findings import Finding, FindingKind
+    from fleetscope.server.diagnosis.incidents import sync_incidents
+    from sqlalchemy import select
+
+    f = _frames()
+    maker = open_db(f"sqlite:///{tmp_path / 'c.db'}")
+    strag = Finding(FindingKind.SLOW_COMPUTE, "j", (5,), 3.0, "rank 5 slow", first_step=2, last_step=9,
+                    est_slowdown=0.2)
+    now, inf = _at_quiet(f, 21)
+    hang = _analyse(f, now, inf, _stall(f, now, inf)).to_finding()
+    with maker() as s:
+        sync_incidents(s, "j", [strag], now - 30 * S, 20)
+        changes = sync_incidents(s, "j", [hang], now, 20, resolve_missing=False)
+        assert [c.what for c in changes] == ["opened"]
+        assert {i.kind: i.status for i in s.scalars(select(Incident))} == {"slow_compute": "open", "hang": "open"}
+        changes = sync_incidents(s, "j", [hang], now, 20)  # a full pass does resolve it
+        assert [(c.incident.kind, c.what) for c in changes] == [("slow_compute", "resolved")]
+
+
+def test_step_rule_leaves_the_warm_up_step_out_of_its_p99():
+    from fleetscope.server.diagnosis.hangs import stall_threshold_s
+
+    steps = pd.DataFrame({"step": range(8), "duration_ns": [12 * S] + [200 * MS] * 7})
+    assert stall_threshold_s(steps, CFG) > 50  # the slow first step would dominate the p99
+    assert stall_threshold_s(steps, CFG, warmup_step=0) == pytest.approx(30.0)
+    assert stall_threshold_s(steps.head(1), CFG, warmup_step=0) == pytest.approx(60.0)  # nothing else yet

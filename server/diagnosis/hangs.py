@@ -75,11 +75,14 @@ class RankState:
     host: str = ""
 
 
-def stall_threshold_s(steps: pd.DataFrame, config: HangConfig) -> float:
-    """``max(hang_min_s, hang_k x p99 of the recent per-step job time)``."""
+def stall_threshold_s(steps: pd.DataFrame, config: HangConfig, warmup_step: int = -1) -> float:
+    """``max(hang_min_s, hang_k x p99 of the recent per-step job time)``, the attempt's
+    warm-up step (``warmup_step``: compilation, communicator setup) left out once others exist."""
     if steps.empty:
         return config.hang_min_s
     per_step = steps.groupby("step")["duration_ns"].max().sort_index().tail(50)
+    if len(per_step) > 1:
+        per_step = per_step[per_step.index != warmup_step]
     p99 = float(np.percentile(per_step.to_numpy(), 99)) / 1e9
     return max(config.hang_min_s, config.hang_k * p99)
 
@@ -300,6 +303,7 @@ def analyse_hang(
     job_failed: bool = False,
     rank_last_step: dict[int, int] | None = None,
     progress_stall: ProgressStall | None = None,
+    warmup_step: int = -1,
 ) -> HangAnalysis:
     """Is the job stalled, and if so, who is the culprit and why.
 
@@ -318,8 +322,9 @@ def analyse_hang(
         rank_last_step: last completed step per rank.
         progress_stall: the job-wide op-progress state (:func:`.progress.progress_stall`);
             when it is stalled the job is stalled even before the step-stall threshold.
+        warmup_step: the attempt's first step, left out of the step-time p99.
     """
-    threshold = stall_threshold_s(steps, config)
+    threshold = stall_threshold_s(steps, config, warmup_step)
     last_end = int(steps["end_ns"].max()) if not steps.empty else int(started_ns)
     last_step = int(steps["step"].max()) if not steps.empty else -1
     stalled_for = (now_ns - last_end) / 1e9 if last_end > 0 else 0.0

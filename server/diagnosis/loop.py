@@ -36,6 +36,9 @@ from .stragglers import StragglerConfig
 log = logging.getLogger(__name__)
 
 RECENT_FAILED_S = 600.0
+SETTLED_EVERY_TICKS = 5
+"""A failed job whose hang is already diagnosed is re-diagnosed every this many ticks
+(its processes are gone; a full pass of it must not delay the live jobs' passes)."""
 MIN_RECHECK_S = 0.25
 """Shortest gap between two early passes of one job (a stall due while its data is still
 on the way is re-checked this often)."""
@@ -83,6 +86,8 @@ class DiagnosisLoop(PeriodicAlertingService):
         self._cursor = 0
         self._due_ns: dict[str, int] = {}
         """job -> wall time at which its stall rules may fire (early pass then)."""
+        self._last_tick: dict[str, int] = {}
+        """job -> ``num_ticks`` at its latest full pass."""
         self._closed: dict[str, int] = {}
         """finished job -> its ``updated_ns`` when its incidents were resolved."""
 
@@ -110,11 +115,12 @@ class DiagnosisLoop(PeriodicAlertingService):
         by_id = {j.id: j for j in jobs}
         self._due_ns = {k: v for k, v in self._due_ns.items() if k in by_id}
         self._closed = {k: v for k, v in self._closed.items() if k in by_id}
+        self._last_tick = {k: v for k, v in self._last_tick.items() if k in by_id}
         queued = 0
         for j in jobs:
             if j.status == "finished" and self._closed.get(j.id) != j.updated_ns:
                 queued += self._guarded(self.close_job, j)
-        live = [j for j in jobs if j.status != "finished"]
+        live = [j for j in jobs if j.status != "finished" and not self._settled(j)]
         if live:
             n = min(self.max_jobs, len(live))
             picked = [live[(self._cursor + i) % len(live)] for i in range(n)]
@@ -123,6 +129,13 @@ class DiagnosisLoop(PeriodicAlertingService):
             queued += self._run_jobs(picked, by_id)
         self.num_ticks += 1
         return queued
+
+    def _settled(self, row: Job) -> bool:
+        """A failed job with its hang found, diagnosed less than SETTLED_EVERY_TICKS ago."""
+        last = self.latest.get(row.id)
+        if row.status != "failed" or last is None or not last.hang.stalled:
+            return False
+        return self.num_ticks - self._last_tick.get(row.id, -SETTLED_EVERY_TICKS) < SETTLED_EVERY_TICKS
 
     def due_in_s(self) -> float:
         due = list(self._due_ns.values())  # one atomic copy: the pass thread updates it
@@ -179,6 +192,7 @@ class DiagnosisLoop(PeriodicAlertingService):
         info = job_info(row)
         result = diagnose_job(self.app.state.store, info, now_ns, self.config)
         self.latest[info.job] = result
+        self._last_tick[info.job] = self.num_ticks
         self._schedule(info.job, result.hang.due_in_s, now_ns)
         with self.app.state.db() as s:
             changes = sync_incidents(s, info.job, result.findings, now_ns, self.resolve_after_s)
