@@ -187,3 +187,39 @@ def test_async_completion_is_recorded_when_the_trainer_sees_it():
     (row,) = sink.rows("collectives")
     assert row["state"] == "completed" and row["op"] == "all_reduce"
     assert row["enqueued_ns"] <= row["completed_ns"] <= seen + 5_000_000
+
+
+class _FillingFile:
+    """A file on a disk that fills up after ``room`` bytes (partial write, then ENOSPC)."""
+
+    def __init__(self, raw, room: int) -> None:
+        self.raw, self.room = raw, room
+
+    def write(self, data) -> int:
+        if self.room <= 0:
+            raise OSError(28, "No space left on device")
+        n = self.raw.write(bytes(data[:self.room]))
+        self.room -= n
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def test_a_write_cut_short_counts_only_the_frames_it_did_not_finish(tmp_path):
+    ident = {"job": "full", "rank": 0, "host": "h"}
+    sections = [dict(ident, step=1, name="forward", kind="compute", start_ns=1, end_ns=2,
+                     duration_ns=1)]
+    steps = [dict(ident, step=1, start_ns=1, end_ns=2, duration_ns=1)]
+    first = len(spool.encode_frame(encode.ipc_stream(RECORD_TYPES["sections"], sections)))
+    sink = hooks.SpoolSink(tmp_path)
+    sink.open(dict(ident, pid=1, local_rank=0, started_ns=0))
+    sink._file = _FillingFile(sink._file, room=first + 10)
+    failed = sink.write_many({"sections": sections, "steps": steps})
+    assert list(failed) == ["steps"] and isinstance(failed["steps"], OSError)
+    sink.close()
+    (seg,) = spool.list_segments(spool.rank_dir(tmp_path, "full", 0))
+    frames = list(spool.read_frames(seg, sealed=True))
+    assert [f.corrupt for f in frames] == [False, True]  # the torn tail is skipped
+    table = codec.ipc_to_table(frames[0].payload)
+    assert table.to_pylist()[0]["name"] == "forward"

@@ -103,38 +103,47 @@ class SpoolSink:
     def write_many(self, batches: dict[str, list[dict[str, Any]]]) -> dict[str, Exception]:
         """One frame per record type, all appended with one ``write``.
 
-        Returns the record types that could not be encoded (their rows are not written;
-        the others are). Raises ``OSError`` if the file write itself fails.
+        Returns the record types that were not written, with the reason: rows that
+        cannot be encoded, or frames the file write did not complete (the frames before
+        a failed write's end are on disk and count as written).
         """
         from fleetscope.trainer_hooks.encode import ipc_stream
 
         from fleetscope.schema import record_type as lookup
 
         failed: dict[str, Exception] = {}
-        frames = []
+        frames: list[tuple[str, bytes]] = []
         for name, rows in batches.items():
             if not rows:
                 continue
             try:
-                frames.append(spool.encode_frame(ipc_stream(lookup(name), rows)))
+                frames.append((name, spool.encode_frame(ipc_stream(lookup(name), rows))))
             except Exception as e:
                 failed[name] = e
         if not frames:
             return failed
-        if self._file is None:
-            if self.dir is None:
-                raise OSError("spool sink was never opened")
-            self._rotate()
-        size = sum(map(len, frames))
-        if self._size and self._size + size > self.segment_bytes:
-            self._rotate()
-        data = memoryview(b"".join(frames))
-        while data:  # an unbuffered write may be partial (e.g. interrupted)
-            n = self._file.write(data)
-            if not n:
-                raise OSError("spool write made no progress")
-            data = data[n:]
-        self._size += size
+        size = sum(len(f) for _, f in frames)
+        done = 0
+        try:
+            if self._file is None:
+                if self.dir is None:
+                    raise OSError("spool sink was never opened")
+                self._rotate()
+            if self._size and self._size + size > self.segment_bytes:
+                self._rotate()
+            data = memoryview(b"".join(f for _, f in frames))
+            while done < size:  # an unbuffered write may be partial (e.g. interrupted)
+                n = self._file.write(data[done:])
+                if not n:
+                    raise OSError("spool write made no progress")
+                done += n
+                self._size += n
+        except OSError as e:
+            end = 0
+            for name, frame in frames:
+                end += len(frame)
+                if end > done:
+                    failed[name] = e
         return failed
 
     def flush(self) -> None:
