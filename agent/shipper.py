@@ -325,8 +325,9 @@ class Shipper:
 
     def _report_bad(self, batch: Batch) -> None:
         for fr, reason in batch.bad:
-            self.stats.num_corrupt_frames += 1
-            self.stats.num_corrupt_bytes += fr.end - fr.start
+            with self._stats_lock:
+                self.stats.num_corrupt_frames += 1
+                self.stats.num_corrupt_bytes += fr.end - fr.start
             msg = (f"skipped {fr.end - fr.start} bytes at offset {fr.start} of spool file "
                    f"{fr.segment.key}: {reason}")
             log.warning("%s", msg)
