@@ -146,7 +146,7 @@ def latest_attempt(store: Any, job: str) -> int:
 
 def load_job_frames(
     store: Any, job: str, now_ns: int, window_steps: int = 24, mfu_window_steps: int = 120,
-    attempt: int | None = None, lookback_s: float = 600.0,
+    attempt: int | None = None, lookback_s: float = 600.0, hardware: bool = True,
 ) -> JobFrames:
     """Load a bounded window of one job's telemetry.
 
@@ -158,6 +158,7 @@ def load_job_frames(
         mfu_window_steps: steps of per-step times for MFU and the stall threshold.
         attempt: job attempt; default the latest.
         lookback_s: how far back in-flight, heartbeat and hardware rows are read.
+        hardware: read log events and hardware metrics (a hang-only pass skips them).
     """
     att = latest_attempt(store, job) if attempt is None else attempt
     p: dict[str, Any] = {"job": job, "attempt": att}
@@ -183,8 +184,8 @@ def load_job_frames(
                                                       "spool_last_step"]),
         progress=_df(store, PROGRESS, {**p, "from_step": max(last_step - 2, 0)}, ["rank", "group_id", "last_seq"]),
         last_seen={},
-        log_events=_df(store, LOG_EVENTS, p),
-        metrics=_df(store, HW_METRICS, p) if hosts else pd.DataFrame(),
+        log_events=_df(store, LOG_EVENTS, p) if hardware else pd.DataFrame(),
+        metrics=_df(store, HW_METRICS, p) if hosts and hardware else pd.DataFrame(),
         first_step=first_step,
     )
     ls = _df(store, LAST_SEEN, p, ["rank", "last_seen_ns"])

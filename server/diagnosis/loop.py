@@ -25,7 +25,7 @@ from sqlalchemy import or_, select
 
 from fleetscope.topology import Topology
 
-from .engine import DiagnosisConfig, JobDiagnosis, JobInfo, add_hardware_evidence, diagnose, diagnose_hang
+from .engine import DiagnosisConfig, JobDiagnosis, JobInfo, diagnose, diagnose_hang
 from .findings import FindingKind
 from .hangs import HangConfig
 from .incidents import sync_incidents
@@ -212,7 +212,7 @@ class DiagnosisLoop(PeriodicAlertingService):
         now_ns = time.time_ns()
         info = job_info(row)
         frames = load_job_frames(self.app.state.store, info.job, now_ns,
-                                 window_steps=self.config.stragglers.window_steps)
+                                 window_steps=self.config.stragglers.window_steps, hardware=False)
         hang, findings = diagnose_hang(info, frames, now_ns, self.config)
         self._schedule(info.job, hang.due_in_s, now_ns)
         cached = self.latest.get(info.job)
@@ -221,8 +221,7 @@ class DiagnosisLoop(PeriodicAlertingService):
         findings = [f for f in findings if f.kind == FindingKind.HANG]
         if not findings:
             return 0
-        add_hardware_evidence(findings, frames)
-        with self.app.state.db() as s:
+        with self.app.state.db() as s:  # hardware evidence joins at the next full pass
             changes = sync_incidents(s, info.job, findings, now_ns, self.resolve_after_s, resolve_missing=False)
             queued = sum(enqueue_incident(s, ch.incident, time.time_ns(), self.base_url) for ch in changes)
         self._wake_dispatcher(queued)
