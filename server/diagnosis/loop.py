@@ -37,8 +37,10 @@ log = logging.getLogger(__name__)
 
 RECENT_FAILED_S = 600.0
 SETTLED_EVERY_TICKS = 5
-"""A failed job whose hang is already diagnosed is re-diagnosed every this many ticks
-(its processes are gone; a full pass of it must not delay the live jobs' passes)."""
+"""A failed job whose hang diagnosis came out the same in SETTLED_AFTER_PASSES full passes
+in a row is re-diagnosed every this many ticks (its processes are gone; a full pass of it
+must not delay the live jobs' passes)."""
+SETTLED_AFTER_PASSES = 3
 MIN_RECHECK_S = 0.25
 """Shortest gap between two early passes of one job (a stall due while its data is still
 on the way is re-checked this often)."""
@@ -86,6 +88,8 @@ class DiagnosisLoop(PeriodicAlertingService):
         self._cursor = 0
         self._due_ns: dict[str, int] = {}
         """job -> wall time at which its stall rules may fire (early pass then)."""
+        self._same_hang: dict[str, tuple[tuple, int]] = {}
+        """job -> (its latest hang verdict, how many full passes in a row gave it)."""
         self._last_tick: dict[str, int] = {}
         """job -> ``num_ticks`` at its latest full pass."""
         self._closed: dict[str, int] = {}
@@ -116,6 +120,7 @@ class DiagnosisLoop(PeriodicAlertingService):
         self._due_ns = {k: v for k, v in self._due_ns.items() if k in by_id}
         self._closed = {k: v for k, v in self._closed.items() if k in by_id}
         self._last_tick = {k: v for k, v in self._last_tick.items() if k in by_id}
+        self._same_hang = {k: v for k, v in self._same_hang.items() if k in by_id}
         queued = 0
         for j in jobs:
             if j.status == "finished" and self._closed.get(j.id) != j.updated_ns:
@@ -131,9 +136,12 @@ class DiagnosisLoop(PeriodicAlertingService):
         return queued
 
     def _settled(self, row: Job) -> bool:
-        """A failed job with its hang found, diagnosed less than SETTLED_EVERY_TICKS ago."""
+        """A failed job whose hang diagnosis is stable, diagnosed less than
+        SETTLED_EVERY_TICKS ago."""
         last = self.latest.get(row.id)
         if row.status != "failed" or last is None or not last.hang.stalled:
+            return False
+        if self._same_hang.get(row.id, (None, 0))[1] < SETTLED_AFTER_PASSES:
             return False
         return self.num_ticks - self._last_tick.get(row.id, -SETTLED_EVERY_TICKS) < SETTLED_EVERY_TICKS
 
@@ -193,6 +201,10 @@ class DiagnosisLoop(PeriodicAlertingService):
         result = diagnose_job(self.app.state.store, info, now_ns, self.config)
         self.latest[info.job] = result
         self._last_tick[info.job] = self.num_ticks
+        h = result.hang
+        verdict = (h.stalled, h.culprits, h.hang_class, h.group_id)
+        prev, n = self._same_hang.get(info.job, (None, 0))
+        self._same_hang[info.job] = (verdict, n + 1 if verdict == prev else 1)
         self._schedule(info.job, result.hang.due_in_s, now_ns)
         with self.app.state.db() as s:
             changes = sync_incidents(s, info.job, result.findings, now_ns, self.resolve_after_s)
