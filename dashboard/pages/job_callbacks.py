@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from typing import Any
-from urllib.parse import urlencode
 
 import dash
 from dash import Input, Output, Patch, State, ctx, dcc, html, no_update
@@ -68,7 +67,17 @@ def _diag_culprits(diag: dict | None) -> list[int]:
 
 
 def register(app: dash.Dash, client: ApiClient) -> None:
-    @app.callback(
+    # In the browser: the deep link is pure string work, not worth a server round trip
+    # while the heat-map and grid are loading.
+    app.clientside_callback(
+        """function (metric, agg, from, to, ranks, sel, pathname) {
+            const q = new URLSearchParams();
+            const put = (k, v) => { if (v !== null && v !== undefined && v !== '') { q.append(k, v); } };
+            put('metric', metric); put('agg', agg); put('from', from); put('to', to); put('ranks', ranks);
+            put('rank', (sel || {}).rank); put('step', (sel || {}).step);
+            const search = '?' + q.toString();
+            return [search, pathname + search];
+        }""",
         Output("url", "search"),
         Output("deep-link", "href"),
         Input("metric", "value"),
@@ -79,11 +88,6 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         Input("sel", "data"),
         State("url", "pathname"),
     )
-    def sync_url(metric, agg, from_step, to_step, ranks, sel, pathname):
-        q = {"metric": metric, "agg": agg, "from": from_step, "to": to_step, "ranks": ranks}
-        q.update({"rank": (sel or {}).get("rank"), "step": (sel or {}).get("step")})
-        search = "?" + urlencode({k: v for k, v in q.items() if v not in (None, "")})
-        return search, f"{pathname}{search}"
 
     # The heat-map and the grid are what an operator clicks first: they load alone.
     # Everything else (header, trend, diagnosis, timeline) waits until both are drawn

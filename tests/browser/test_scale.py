@@ -19,9 +19,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 BOUND_S = 30.0
 """Generous: shared CI machines are slow; the target on an idle machine is 3 s."""
 
+# Interactive = the heat-map and the grid are drawn with their data (plotly has computed
+# and laid them out) and Dash has bound its click handler (a click selects a rank).
 RENDERED_JS = """
 const ok = id => { const gd = document.querySelector('#' + id + ' .js-plotly-plot');
-                   return !!(gd && gd.data && gd.data.some(t => t.type === 'heatmap' && t.z && t.z.length)); };
+                   return !!(gd && gd.data && gd.calcdata && gd._fullLayout
+                             && gd.data.some(t => t.type === 'heatmap' && t.z && t.z.length)
+                             && gd._ev && (gd._ev._events || {}).plotly_click); };
 return ok('heatmap') && ok('grid');
 """
 
