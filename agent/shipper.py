@@ -209,7 +209,12 @@ class Shipper:
             batch, begun = item
             try:
                 self._report_bad(batch)
+                t0 = time.perf_counter()
                 begun.result()  # durable before the first byte is sent
+                waited = time.perf_counter() - t0
+                if waited > 0.1:
+                    log.debug("batch %s waited %.2fs for its pending record (slow disk?)",
+                              batch.key, waited)
                 if self._ship(batch):
                     self._acked(batch)
             except Exception:
