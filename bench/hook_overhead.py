@@ -6,7 +6,9 @@ median step time (warm-up steps dropped) and prints the ratio on/off (target <= 
 It also reports the CPU time of all ranks per step (on/off), which includes the hooks'
 background threads and is less sensitive to other load on a shared machine. Then it
 measures, in this process, the CPU time one hooked section and one traced collective
-cost the training thread, in microseconds (target <= 5 us per section on CPU).
+cost the training thread, in microseconds (target <= 5 us per section on CPU), and
+from those and the background threads' measured CPU time, the hooks' own CPU per step
+as a share of the job's (a figure other load on the machine hardly moves).
 
     .venv/bin/python bench/hook_overhead.py            # ~2-3 minutes on 2 cores
     .venv/bin/python bench/hook_overhead.py --repeats 5 --steps 20
@@ -33,10 +35,11 @@ MODEL = ["--layers", "4", "--hidden", "128", "--heads", "4", "--seq-len", "64",
 
 
 def run_job(tmp: Path, hooks_on: bool, steps: int,
-            index: int) -> tuple[float, float, float, float]:
+            index: int) -> tuple[float, float, float, dict[str, float]]:
     """One job: median step wall time (s), median CPU time of all ranks per step (s), the
-    largest per-rank fraction of step time the hooks measured in their own code, and the
-    CPU time of the hooks' background threads (all ranks, whole run) per step (s)."""
+    largest per-rank fraction of step time the hooks measured in their own code, and per
+    step, all ranks together: the CPU time of the hooks' background threads (s, whole run)
+    and the numbers of sections and traced ops recorded."""
     results = tmp / f"results-{index}"
     cmd = [sys.executable, "-m", "fleetscope.cli", "train", "--dp", "2", "--tp", "2", "--pp", "2",
            "--steps", str(steps), "--job", f"bench-{index}", "--spool", str(tmp / "spool"),
@@ -57,8 +60,14 @@ def run_job(tmp: Path, hooks_on: bool, steps: int,
     # the job is synchronous: per step, the slowest rank's time is the job's step time
     per_step = [max(t[i] for t in times) for i in range(warm, steps)]
     cpu_step = [sum(c[i] for c in cpu) for i in range(warm, steps)]
-    return (statistics.median(per_step), statistics.median(cpu_step), self_frac,
-            worker_cpu / steps)
+    counts = {"worker_cpu": worker_cpu / steps, "sections": 0.0, "ops": 0.0}
+    if hooks_on:
+        from fleetscope.trainer_hooks.reader import read_job
+
+        rows = read_job(tmp / "spool", f"bench-{index}")
+        counts["sections"] = len(rows.get("sections", ())) / steps
+        counts["ops"] = len(rows.get("collectives", ())) / steps
+    return statistics.median(per_step), statistics.median(cpu_step), self_frac, counts
 
 
 def job_ratio(repeats: int, steps: int) -> dict[str, float]:
@@ -68,7 +77,7 @@ def job_ratio(repeats: int, steps: int) -> dict[str, float]:
     cpu_off: list[float] = []
     cpu_on: list[float] = []
     self_frac: list[float] = []
-    worker: list[float] = []
+    worker: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for rep in range(repeats):
@@ -86,7 +95,8 @@ def job_ratio(repeats: int, steps: int) -> dict[str, float]:
     return {"off": statistics.median(off), "on": statistics.median(on),
             "cpu_off": statistics.median(cpu_off), "cpu_on": statistics.median(cpu_on),
             "spread_off": (max(off) - min(off)) / statistics.median(off),
-            "self_fraction": max(self_frac), "worker_cpu": statistics.median(worker)}
+            "self_fraction": max(self_frac),
+            **{k: statistics.median(w[k] for w in worker) for k in worker[0]}}
 
 
 def section_cost(n: int = 100_000) -> dict[str, float]:
@@ -178,12 +188,19 @@ def main() -> int:
         print(f"CPU of all ranks per step: off {r['cpu_off'] * 1e3:.1f} ms, on "
               f"{r['cpu_on'] * 1e3:.1f} ms, ratio {r['cpu_on'] / r['cpu_off']:.4f} "
               "(includes the hooks' background threads; less sensitive to other load)")
-        print(f"hooks' background threads (thread CPU time, all ranks): "
-              f"{r['worker_cpu'] * 1e3:.2f} ms per step = "
-              f"{r['worker_cpu'] / r['cpu_off']:.3%} of the hooks-off CPU per step")
         if off < 0.2:
             print(f"note: step time {off * 1e3:.0f} ms is below the 200 ms the comparison asks for")
     c = section_cost()
+    if not args.skip_job:
+        # the hooks' own CPU, all ranks, per step: measured on the background threads,
+        # estimated on the training threads (records x per-call cost measured below)
+        train = (r["sections"] * c["section_enabled_us"]
+                 + r["ops"] * max(0.0, c["all_reduce_tracing_us"])) / 1e6
+        own = r["worker_cpu"] + train
+        print(f"hooks' own CPU, all ranks: {own * 1e3:.2f} ms per step = {own / r['cpu_off']:.3%} "
+              f"of the hooks-off CPU per step (background threads {r['worker_cpu'] * 1e3:.2f} ms "
+              f"measured; training threads {train * 1e3:.2f} ms = {r['sections']:.0f} sections + "
+              f"{r['ops']:.0f} traced ops per step x the per-call costs below)")
     ok &= c["section_enabled_us"] <= TARGET_SECTION_US
     print(f"one section on the training thread: {c['section_enabled_us']:.2f} us enabled "
           f"(self-measured in hook code {c['section_self_measured_us']:.2f} us), "

@@ -14,11 +14,11 @@ together directly in the Arrow IPC streaming format:
   bitmaps: the schema's columns are non-nullable);
 * the end-of-stream marker.
 
-Readers (pyarrow, the agent, ``codec.ipc_to_table``) see the same stream
-``codec.table_to_ipc`` writes for these rows. Values the fast path cannot pack (wrong
-types, out of range, a missing required field) go through :func:`codec.rows_to_table`,
-which raises naming the bad row. Fields that are not columns of the record type are
-ignored.
+Readers (pyarrow, the agent, ``codec.ipc_to_table``) get the same schema and values as
+from ``codec.table_to_ipc`` for these rows. Values the fast path cannot pack (wrong
+types, out of range, a missing required field) go through :func:`codec.rows_to_table`
+(pyarrow's generic path), which raises naming the bad row. Fields that are not columns
+of the record type are ignored.
 """
 
 from __future__ import annotations
