@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from typing import Any
 
@@ -92,6 +93,8 @@ class DiagnosisLoop(PeriodicAlertingService):
         """job -> (its latest hang verdict, how many full passes in a row gave it)."""
         self._last_tick: dict[str, int] = {}
         """job -> ``num_ticks`` at its latest full pass."""
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
         self._closed: dict[str, int] = {}
         """finished job -> its ``updated_ns`` when its incidents were resolved."""
 
@@ -117,7 +120,8 @@ class DiagnosisLoop(PeriodicAlertingService):
         now = time.time_ns()
         jobs = self.active_jobs(now)
         by_id = {j.id: j for j in jobs}
-        self._due_ns = {k: v for k, v in self._due_ns.items() if k in by_id}
+        for k in [k for k in list(self._due_ns) if k not in by_id]:  # in place: the early pass writes too
+            self._due_ns.pop(k, None)
         self._closed = {k: v for k, v in self._closed.items() if k in by_id}
         self._last_tick = {k: v for k, v in self._last_tick.items() if k in by_id}
         self._same_hang = {k: v for k, v in self._same_hang.items() if k in by_id}
@@ -131,7 +135,7 @@ class DiagnosisLoop(PeriodicAlertingService):
             picked = [live[(self._cursor + i) % len(live)] for i in range(n)]
             self._cursor = (self._cursor + n) % len(live)
             picked.sort(key=lambda j: j.status != "running")  # stable: round-robin order within
-            queued += self._run_jobs(picked, by_id)
+            queued += self._run_jobs(picked)
         self.num_ticks += 1
         return queued
 
@@ -152,36 +156,35 @@ class DiagnosisLoop(PeriodicAlertingService):
     def tick_due(self) -> int:
         """Early pass over the jobs whose stall threshold is due now."""
         now = time.time_ns()
-        due = {k for k, v in self._due_ns.items() if v <= now + 20_000_000}
+        due = {k for k, v in list(self._due_ns.items()) if v <= now + 20_000_000}
         if not due:
             return 0
         by_id = {j.id: j for j in self.active_jobs(now) if j.status != "finished"}
         for k in due - set(by_id):
             self._due_ns.pop(k, None)
         self.num_early_passes += 1
-        return self._run_jobs([by_id[k] for k in sorted(due & set(by_id))][: self.max_jobs], by_id, full=False)
+        return self._run_jobs([by_id[k] for k in sorted(due & set(by_id))][: self.max_jobs], full=False)
 
-    def _run_jobs(self, rows: list[Job], by_id: dict[str, Job], full: bool = True) -> int:
-        """Diagnose ``rows`` in order (all detectors, or the hang analysis alone), but a job
-        whose stall becomes due meanwhile goes next, with the hang analysis alone."""
-        queued, done, pending = 0, set(), list(rows)
-        while pending:
-            now = time.time_ns()
-            due = sorted((v, k) for k, v in self._due_ns.items() if v <= now and k in by_id and k not in done)
-            row = by_id[due[0][1]] if due else pending.pop(0)
-            if row.id in done:
-                continue
-            done.add(row.id)
-            queued += self._guarded(self.run_job if full and not due else self.run_hang_job, row)
-        return queued
+    def _run_jobs(self, rows: list[Job], full: bool = True) -> int:
+        """Diagnose ``rows`` in order: all detectors, or the hang analysis alone."""
+        return sum(self._guarded(self.run_job if full else self.run_hang_job, row) for row in rows)
 
     def _guarded(self, fn: Any, row: Job) -> int:
+        """Run ``fn(row)`` unless a pass of the same job runs in the other thread."""
+        with self._locks_guard:
+            lock = self._locks.setdefault(row.id, threading.Lock())
+        if not lock.acquire(blocking=False):  # the two passes never work on one job at once
+            if fn == self.run_hang_job:  # look again shortly (the full pass may end first)
+                self._due_ns[row.id] = time.time_ns() + int(MIN_RECHECK_S * 1e9)
+            return 0
         try:
             return fn(row)
         except Exception:
             self._due_ns.pop(row.id, None)
             log.exception("diagnosis of job %s failed", row.id)
             return 0
+        finally:
+            lock.release()
 
     def close_job(self, row: Job) -> int:
         """A finished job: resolve its open incidents (and queue their resolved alerts)."""

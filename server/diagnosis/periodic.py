@@ -4,9 +4,11 @@ Shared by the diagnosis loop and the self-check alerting: ``tick()`` runs in a w
 thread and returns how many alert rows it queued; when that is non-zero the alert
 dispatcher (``app.state.alert_dispatcher``) is woken so delivery starts at once.
 
-Between regular ticks a subclass may ask for an early, narrower pass: ``due_in_s()``
+Besides the regular ticks a subclass may ask for early, narrower passes: ``due_in_s()``
 says when (e.g. the moment a stall threshold will be crossed) and ``tick_due()`` does
-only the work that is due then.
+only the work that is due then. They run in their own task and worker thread, so a long
+regular pass (a big job on a loaded host) does not hold them back; the subclass keeps
+the two from working on the same thing at once.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class PeriodicAlertingService(abc.ABC):
     def __init__(self, app: Any, tick_s: float) -> None:
         self.app = app
         self.tick_s = float(tick_s)
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
 
     @abc.abstractmethod
@@ -49,31 +51,42 @@ class PeriodicAlertingService(abc.ABC):
 
     async def start(self) -> None:
         await self.prepare()
-        self._task = asyncio.create_task(self._run(), name=self.name)
+        self._tasks = [asyncio.create_task(self._run(), name=self.name),
+                       asyncio.create_task(self._run_due(), name=self.name + "-due")]
 
     async def stop(self) -> None:
         self._stopping.set()
-        if self._task:
+        for task in self._tasks:
             try:
-                await asyncio.wait_for(self._task, timeout=30)
+                await asyncio.wait_for(task, timeout=30)
             except (asyncio.TimeoutError, asyncio.CancelledError):
-                self._task.cancel()
+                task.cancel()
+
+    async def _pass(self, fn: Any) -> None:
+        try:
+            if await asyncio.to_thread(fn):
+                dispatcher = getattr(self.app.state, "alert_dispatcher", None)
+                if dispatcher is not None:
+                    dispatcher.wake()
+        except Exception:
+            log.exception("%s: %s failed", self.name, getattr(fn, "__name__", "pass"))
+
+    async def _sleep(self, delay_s: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), timeout=max(delay_s, 0.05))
+        except asyncio.TimeoutError:
+            pass
 
     async def _run(self) -> None:
-        next_regular = time.monotonic()
         while not self._stopping.is_set():
-            regular = time.monotonic() >= next_regular
-            if regular:
-                next_regular = time.monotonic() + self.tick_s
-            try:
-                if await asyncio.to_thread(self.tick if regular else self.tick_due):
-                    dispatcher = getattr(self.app.state, "alert_dispatcher", None)
-                    if dispatcher is not None:
-                        dispatcher.wake()
-            except Exception:
-                log.exception("%s: tick failed", self.name)
-            delay = max(min(next_regular - time.monotonic(), self.due_in_s()), 0.05)
-            try:
-                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-            except asyncio.TimeoutError:
-                pass
+            t0 = time.monotonic()
+            await self._pass(self.tick)
+            await self._sleep(self.tick_s - (time.monotonic() - t0))
+
+    async def _run_due(self) -> None:
+        while not self._stopping.is_set():
+            due = self.due_in_s()
+            if due <= 0:
+                await self._pass(self.tick_due)
+            else:  # re-read at least every 0.5 s: a pass may have set a nearer due time
+                await self._sleep(min(due, 0.5))
