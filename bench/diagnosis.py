@@ -183,6 +183,8 @@ class Result:
     threshold_s: float | None = None
     detected_by: str = ""
     load_1m: float | None = None
+    paged_culprits: list[int] = field(default_factory=list)
+    """Culprit ranks in the first firing alert (the table shows the incident's latest)."""
     stages: dict[str, float] = field(default_factory=dict)
     """hang latency split (s): onset -> quiet (ops still completing after onset), stall
     threshold, crossing -> diagnosis pass (data lag + pass scheduling), pass -> outbox row
@@ -244,8 +246,6 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
     if match:
         first = min(match, key=lambda i: i["opened_ns"])
         res.culprits = first["ranks"]
-        res.hang_class = first["evidence"].get("hang_class", "")
-        res.threshold_s = first["evidence"].get("threshold_s")
         # the evidence as it was when the alert fired (the incident's is from the last pass,
         # after the hung job was stopped)
         t_alert, alert = rx.first_alert(job, {"FleetscopeHang"} if sc.expect_kinds & HANGS else set())
@@ -254,7 +254,11 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
         except (KeyError, ValueError):
             fired = first
         res.detected_by = fired["evidence"].get("detected_by", "")
+        res.hang_class = fired["evidence"].get("hang_class", "")
+        res.threshold_s = fired["evidence"].get("threshold_s")
         res.load_1m = round(os.getloadavg()[0], 1)
+        if alert:
+            res.paged_culprits = json.loads(alert["annotations"].get("culprit_ranks", "[]"))
         if onset:
             res.to_finding_s = round(first["opened_ns"] / 1e9 - onset / 1e9, 1)
             names = {"FleetscopeHang"} if sc.expect_kinds & HANGS else {"FleetscopeStraggler"}
@@ -372,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'yes' if r.ok else 'NO'}", flush=True)
             if r.stages:
                 print(f"    {r.detected_by or 'hang'}: " + ", ".join(f"{k} {v}" for k, v in r.stages.items())
-                      + f"; load average (1 min) {r.load_1m}", flush=True)
+                      + f"; paged culprits {r.paged_culprits}; load average (1 min) {r.load_1m}", flush=True)
     finally:
         server.send_signal(signal.SIGTERM)
         try:
