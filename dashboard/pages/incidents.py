@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime, timezone
 
@@ -42,6 +43,7 @@ def layout(app: dash.Dash, incident_id: str | None) -> html.Div:
         return html.Div(
             [
                 dcc.Store(id="incident-id", data=incident_id),
+                dcc.Store(id="incident-sig", data=None),
                 dcc.Link("← all incidents", href=app.get_relative_path("/incidents")),
                 card(None, html.Div(message("loading incident…", "loading"), id="incident-detail")),
                 html.Div(id="incident-action-status"),
@@ -50,6 +52,7 @@ def layout(app: dash.Dash, incident_id: str | None) -> html.Div:
     return html.Div(
         [
             dcc.Store(id="incident-id", data=None),
+            dcc.Store(id="incident-sig", data=None),
             card(
                 "Incidents",
                 dcc.RadioItems(
@@ -105,6 +108,12 @@ def _items(res: ApiResult, key: str) -> list[dict]:
     return list(data or [])
 
 
+def _signature(key, data) -> str:
+    """A digest of what a refresh would render; equal digests mean nothing to redraw."""
+    raw = json.dumps([key, data], sort_keys=True, default=str).encode()
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
 def register(app: dash.Dash, client: ApiClient) -> None:
     def act(iid: str, action: str) -> ApiResult:
         res = ApiResult(error="unknown action")
@@ -131,19 +140,26 @@ def register(app: dash.Dash, client: ApiClient) -> None:
 
     @app.callback(
         Output("incident-list", "children"),
+        Output("incident-sig", "data", allow_duplicate=True),
         Input("tick", "data"),
         Input("incident-filter", "value"),
         Input("incident-action-status", "children"),
+        State("incident-sig", "data"),
+        prevent_initial_call="initial_duplicate",
     )
-    def incident_list(_n, status, _action):
+    def incident_list(_n, status, _action, last_sig):
         res = client.incidents(status=None if status == "all" else status)
         if not res.ok:
-            return result_message(res, "incidents")
+            return result_message(res, "incidents"), None
         items = _items(res, "incidents")
         if status != "all":
             items = [i for i in items if i.get("status", "open") == status]
+        sig = _signature(status, items)
+        if sig == last_sig:
+            # Unchanged: keep the rendered rows, so a click on a button is never lost to a re-render.
+            return no_update, no_update
         if not items:
-            return message(f"no {status if status != 'all' else ''} incidents".replace("  ", " "))
+            return message(f"no {status if status != 'all' else ''} incidents".replace("  ", " ")), sig
         rows = [
             [
                 dcc.Link(f"#{i.get('id')}", href=app.get_relative_path(f"/incidents/{i.get('id')}")),
@@ -159,21 +175,27 @@ def register(app: dash.Dash, client: ApiClient) -> None:
             for i in items[:200]
         ]
         return table(["id", "severity", "status", "job", "kind", "summary", "ranks", "opened", ""], rows,
-                     id="incident-table")
+                     id="incident-table"), sig
 
     @app.callback(
         Output("incident-detail", "children"),
+        Output("incident-sig", "data", allow_duplicate=True),
         Input("tick", "data"),
         Input("incident-id", "data"),
         Input("incident-action-status", "children"),
+        State("incident-sig", "data"),
+        prevent_initial_call="initial_duplicate",
     )
-    def incident_detail(_n, iid, _action):
+    def incident_detail(_n, iid, _action, last_sig):
         if iid is None:
-            return no_update
+            return no_update, no_update
         res = client.incident(iid)
         if not res.ok:
-            return result_message(res, f"incident {iid}")
+            return result_message(res, f"incident {iid}"), None
         i = res.data
+        sig = _signature(iid, i)
+        if sig == last_sig:
+            return no_update, no_update
         ranks = _ranks(i.get("ranks"))
         ev = i.get("evidence")
         if isinstance(ev, str):
@@ -197,7 +219,7 @@ def register(app: dash.Dash, client: ApiClient) -> None:
                 html.H3("Evidence"),
                 html.Pre(json.dumps(ev, indent=2, default=str) if not isinstance(ev, str) else ev, className="fs-evidence"),
             ]
-        )
+        ), sig
 
     for kind, path, key in (("rule", "/alerts/rules", "rules"), ("webhook", "/alerts/webhooks", "webhooks")):
         _register_crud(app, client, kind, path, key)
