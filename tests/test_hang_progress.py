@@ -9,7 +9,12 @@ import pandas as pd
 import pytest
 from fleetscope.server.diagnosis.findings import HangClass
 from fleetscope.server.diagnosis.hangs import HangConfig, analyse_hang
-from fleetscope.server.diagnosis.progress import CERTIFY_MARGIN_NS, completions, progress_stall, step_gaps
+from fleetscope.server.diagnosis.progress import (
+    CERTIFY_MARGIN_NS,
+    completions,
+    progress_stall,
+    step_gaps,
+)
 from fleetscope.server.diagnosis.synthetic import MS, SynthJob
 
 from fleetscope.topology import Topology
