@@ -358,8 +358,9 @@ def analyse_hang(
     op = progress_stall
     if stalled_for < threshold and not (op is not None and op.stalled):
         due = [threshold - stalled_for] if last_end > 0 else []
-        if op is not None and op.due_in_s() is not None:
-            due.append(op.due_in_s())
+        op_due = op.due_in_s() if op is not None else None
+        if op_due is not None:
+            due.append(op_due)
         return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step,
                             due_in_s=min(due) if due else None)
     culprits, cls, gid, chain, ev = localise(topo, states, progress, last_seen, last_known)

@@ -147,17 +147,16 @@ def progress_stall(
     horizon, unknown = _horizon(ranks, inflight, heartbeats)
     blocked = _blocked(inflight, min_blocked_s)
     quiet = (horizon - quiet_since) / 1e9 if horizon and quiet_since else 0.0
-    base = dict(quiet_since_ns=quiet_since, horizon_ns=horizon, quiet_s=max(quiet, 0.0),
-                threshold_s=threshold, history_gap_s=history_gap, num_history_steps=len(gaps),
-                blocked_ranks=blocked)
+    reason = ""
     if len(gaps) < min_history_steps:
-        return ProgressStall(False, False, reason=f"{len(gaps)} step(s) of history after warm-up", **base)
-    if unknown:
-        return ProgressStall(False, False, reason=f"no in-flight record from rank(s) {unknown[:8]}", **base)
-    if not quiet_since:
-        return ProgressStall(False, False, reason="no completion seen", **base)
-    stalled = quiet >= threshold and bool(blocked)
-    return ProgressStall(True, stalled, **base)
+        reason = f"{len(gaps)} step(s) of history after warm-up"
+    elif unknown:
+        reason = f"no in-flight record from rank(s) {unknown[:8]}"
+    elif not quiet_since:
+        reason = "no completion seen"
+    armed = not reason
+    return ProgressStall(armed, armed and quiet >= threshold and bool(blocked), quiet_since, horizon,
+                         max(quiet, 0.0), threshold, history_gap, len(gaps), blocked, reason)
 
 
 def _horizon(ranks: list[int], inflight: pd.DataFrame | None,
