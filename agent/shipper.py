@@ -46,6 +46,18 @@ REPORT_EVERY_S = 10.0
 STOP_JOIN_S = 10.0
 
 
+def _written_ago_s(frames: list[ReadFrame]) -> float:
+    """How long ago the newest of these frames was written at the latest (segment mtimes).
+
+    ``batch_delay_s`` bounds how long a record waits between being spooled and being
+    shipped, so it counts from the write, not from when the agent read it: a backlog
+    (agent restart, server outage, a burst read at once) ships without a fresh wait,
+    while records read as they are written still wait up to the delay to coalesce.
+    """
+    newest = max(f.segment.mtime_ns for f in frames)
+    return max(0.0, (time.time_ns() - newest) / 1e9)
+
+
 @dataclass
 class ShipStats:
     num_batches: int = 0
@@ -154,7 +166,7 @@ class Shipper:
             got = self.tailer.read(self.batch_bytes - size) if size < self.batch_bytes else []
             if got:
                 if not frames:
-                    first = now
+                    first = now - _written_ago_s(got)
                 frames += got
                 size += sum(f.end - f.start for f in got)
                 self.idle.clear()

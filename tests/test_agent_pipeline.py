@@ -227,3 +227,39 @@ def test_out_of_order_acks_then_crash_resend_same_keys_exactly_once(tmp_path):
     assert sh2.stats.num_duplicates == len(stored_before)  # the server had those already
     assert stored_rows(srv) == Counter(expected)  # exactly once
     assert_everything_acked(root)
+
+
+def _first_request_after(root: Path, delay_s: float, age_s: float) -> float:
+    """Seconds from the shipper's start to its first request, spool written ``age_s`` ago."""
+    import os
+    import time
+
+    write_spool(root / "spool", ranks=2, frames=3, rows=5)  # far below batch_bytes
+    then = time.time_ns() - int(age_s * 1e9)
+    for p in (root / "spool").glob("j/rank-*/seg-*.fsp"):
+        os.utime(p, ns=(then, then))
+    srv = Ingest()
+    srv.serve()
+    sh = make_shipper(root, srv.url, in_flight=2, batch_bytes=4 << 20)
+    sh.batch_delay_s = delay_s
+    t = threading.Thread(target=sh.run, daemon=True)
+    t0 = time.monotonic()
+    try:
+        t.start()
+        with srv.cond:
+            assert srv.cond.wait_for(lambda: srv.received, timeout=30), "nothing was shipped"
+        took = time.monotonic() - t0
+        assert sh.idle.wait(30)
+    finally:
+        sh.stop()
+        t.join(30)
+        sh.transport.close()
+        srv.shutdown()
+    return took
+
+
+def test_batch_delay_counts_from_the_write(tmp_path):
+    # A small backlog written long ago ships at once: its records already waited.
+    assert _first_request_after(tmp_path / "old", delay_s=3.0, age_s=60) < 2.0
+    # Freshly written records still wait (most of) the delay, to coalesce with what follows.
+    assert _first_request_after(tmp_path / "new", delay_s=3.0, age_s=0) >= 2.5
