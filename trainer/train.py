@@ -23,6 +23,7 @@ from fleetscope.trainer.model import GPTStage
 from fleetscope.trainer.pipeline_parallel import PipeContext, run_1f1b
 from fleetscope.trainer.process_groups import build_groups
 from fleetscope.trainer.tensor_parallel import TPContext
+from fleetscope.trainer_hooks import state as hook_state
 
 from fleetscope import trainer_hooks as hooks
 from fleetscope.topology import Topology
@@ -39,6 +40,9 @@ class RankResult:
     """CPU time of the whole rank process (all threads) per step."""
     hook_stats: dict[str, Any] = field(default_factory=dict)
     """The hooks' counters at shutdown (overhead, drops, sink errors); empty without hooks."""
+    hook_worker_cpu_s: list[float] = field(default_factory=list)
+    """CPU time the hooks' background thread had used by the end of each step (its
+    steady-state cost per step, without start-up); empty without hooks."""
 
 
 def pick_device(cfg: TrainConfig, local_rank: int) -> torch.device:
@@ -130,6 +134,9 @@ def _train(cfg: TrainConfig, rank: int, topo: Topology, groups: Any, faults: Fau
         result.losses.append(loss)
         result.step_times_s.append(time.perf_counter() - t_step)
         result.step_cpu_s.append(time.process_time() - cpu_step)
+        rec = hook_state.recorder
+        if rec is not None:
+            result.hook_worker_cpu_s.append(rec.worker_cpu_ns / 1e9)
         if model.last and c.tp == 0:
             print(f"step {step} rank {rank} dp{c.dp} loss {loss:.5f}", flush=True)
 
@@ -183,7 +190,7 @@ def _write_results(directory: str, result: RankResult, status: str) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump({"rank": result.rank, "status": status, "losses": result.losses,
                    "step_times_s": result.step_times_s, "step_cpu_s": result.step_cpu_s,
-                   "hook_stats": result.hook_stats}, f)
+                   "hook_stats": result.hook_stats, "hook_worker_cpu_s": result.hook_worker_cpu_s}, f)
     os.replace(path + ".tmp", path)
 
 
