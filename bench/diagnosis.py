@@ -65,6 +65,7 @@ SCENARIOS = [
     Scenario("compute-stage0", ["straggler:rank=1:factor=1.5:from_step=8"], {"slow_compute"}, {1}, 8),
     Scenario("compute-stage1", ["straggler:rank=6:factor=1.5:from_step=8"], {"slow_compute"}, {6}, 8),
     Scenario("compute-stage1-1.2x", ["straggler:rank=5:factor=1.2:from_step=8"], {"slow_compute"}, {5}, 8),
+    Scenario("compute-stage0-1.1x", ["straggler:rank=3:factor=1.1:from_step=8"], {"slow_compute"}, {3}, 8),
     Scenario("dataloader", ["straggler:rank=2:factor=40:from_step=8:section=dataloader"],
              {"slow_dataloader"}, {2}, 8),
     Scenario("slow-tp-link", ["slowlink:group=tp:rank=3:delay_ms=15"], {"slow_link"}, {3}, 1, group_axis="tp"),
