@@ -54,7 +54,7 @@ class Scenario:
     expect_kinds: set[str]
     culprits: set[int]
     onset_step: int
-    steps: int = 32
+    steps: int = 48
     timeout_s: float = 240.0
     group_axis: str = ""
     """slow link: findings name the group of this axis that holds the injected rank."""

@@ -183,6 +183,20 @@ def test_hang_in_pipeline_p2p_chain_finds_upstream_root():
     assert a.evidence["num_waiting_on_culprit"]["1"] == 3
 
 
+def test_no_hang_verdict_while_the_jobs_telemetry_is_not_arriving():
+    # The store's newest record of this job (ranks and agents alike) is 40 s old: the
+    # agent is behind or the host unreachable. A missing step proves nothing then.
+    old = NOW - 40 * 10**9
+    rows = [_inf(r, "collective", "all_reduce", "tp.pp0.dp0", 42, ts=old) for r in range(8)]
+    lagging = analyse_hang("j", TOPO, NOW, _steps(NOW - 45 * 10**9), pd.DataFrame(rows), _hb(ts=old),
+                           _progress(), last_seen={r: old for r in range(8)})
+    assert not lagging.stalled and lagging.to_finding() is None
+    # the same store with the agents' heartbeats fresh: the ranks really are silent
+    fresh = analyse_hang("j", TOPO, NOW, _steps(NOW - 45 * 10**9), pd.DataFrame(rows), _hb(),
+                         _progress(), last_seen={r: old for r in range(8)})
+    assert fresh.stalled
+
+
 def test_hang_process_dead():
     rows = [_inf(r, "collective", "all_reduce", "dp.pp0.tp0" if r in (0, 2) else TOPO.group_id("tp", r), 42)
             for r in range(8) if r != 2]

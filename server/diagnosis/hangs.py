@@ -289,6 +289,15 @@ def _chain_to(chain: list[tuple[int, int, str]], roots: set[int]) -> list[tuple[
     return keep[:64]
 
 
+def telemetry_lag_s(now_ns: int, last_seen: dict[int, int] | None, heartbeats: pd.DataFrame) -> float:
+    """Seconds since the newest record of any kind from the job (its ranks' records, its
+    hosts' agent heartbeats); 0 when nothing is known (no lag can be claimed)."""
+    newest = max((last_seen or {}).values(), default=0)
+    if heartbeats is not None and not heartbeats.empty and "ts_ns" in heartbeats:
+        newest = max(newest, int(heartbeats["ts_ns"].max()))
+    return (now_ns - newest) / 1e9 if newest > 0 else 0.0
+
+
 def analyse_hang(
     job: str,
     topo: Topology,
@@ -356,6 +365,12 @@ def analyse_hang(
     if dead_for >= config.dead_rank_min_s:  # a rank process is gone: no step can complete
         threshold = min(threshold, config.dead_rank_min_s)
     op = progress_stall
+    lag_s = telemetry_lag_s(now_ns, last_seen, heartbeats)
+    if lag_s > config.heartbeat_stale_s and not job_failed and not (op is not None and op.stalled):
+        # Nothing at all from this job's ranks or agents for a while (agent behind, host
+        # unreachable): a step missing from the store proves nothing. Heartbeat loss is
+        # reported by its own detector; the stall is judged again once data arrives.
+        return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step)
     if stalled_for < threshold and not (op is not None and op.stalled):
         due = [threshold - stalled_for] if last_end > 0 else []
         op_due = op.due_in_s() if op is not None else None
