@@ -195,6 +195,15 @@ def test_no_hang_verdict_while_the_jobs_telemetry_is_not_arriving():
     fresh = analyse_hang("j", TOPO, NOW, _steps(NOW - 45 * 10**9), pd.DataFrame(rows), _hb(),
                          _progress(), last_seen={r: old for r in range(8)})
     assert fresh.stalled
+    # heartbeats fresh, but the agents report steps past the store's last (step 9): the
+    # agent is behind on its spool, the ranks are not stalled
+    ahead = _hb().assign(spool_last_step=14)
+    behind = analyse_hang("j", TOPO, NOW, _steps(NOW - 45 * 10**9), pd.DataFrame(rows), ahead,
+                          _progress(), last_seen={r: old for r in range(8)})
+    assert not behind.stalled
+    level = _hb().assign(spool_last_step=9)
+    assert analyse_hang("j", TOPO, NOW, _steps(NOW - 45 * 10**9), pd.DataFrame(rows), level,
+                        _progress(), last_seen={r: old for r in range(8)}).stalled
 
 
 def test_hang_process_dead():

@@ -298,6 +298,14 @@ def telemetry_lag_s(now_ns: int, last_seen: dict[int, int] | None, heartbeats: p
     return (now_ns - newest) / 1e9 if newest > 0 else 0.0
 
 
+def spool_last_step(heartbeats: pd.DataFrame) -> int:
+    """The newest completed step the agents saw in their ranks' spools (-1: unknown)."""
+    if heartbeats is None or heartbeats.empty or "spool_last_step" not in heartbeats:
+        return -1
+    ranks = heartbeats[heartbeats["rank"] >= 0]
+    return int(ranks["spool_last_step"].max()) if not ranks.empty else -1
+
+
 def analyse_hang(
     job: str,
     topo: Topology,
@@ -366,10 +374,13 @@ def analyse_hang(
         threshold = min(threshold, config.dead_rank_min_s)
     op = progress_stall
     lag_s = telemetry_lag_s(now_ns, last_seen, heartbeats)
-    if lag_s > config.heartbeat_stale_s and not job_failed and not (op is not None and op.stalled):
-        # Nothing at all from this job's ranks or agents for a while (agent behind, host
-        # unreachable): a step missing from the store proves nothing. Heartbeat loss is
-        # reported by its own detector; the stall is judged again once data arrives.
+    spool_step = spool_last_step(heartbeats)
+    behind = lag_s > config.heartbeat_stale_s or spool_step > last_step
+    if behind and not job_failed and not (op is not None and op.stalled):
+        # Nothing at all from this job's ranks or agents for a while (host unreachable),
+        # or the agents' heartbeats report steps the store does not hold yet (an agent
+        # behind on its spool): a step missing from the store proves nothing. Heartbeat
+        # loss is reported by its own detector; the stall is judged again as data arrives.
         return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step)
     if stalled_for < threshold and not (op is not None and op.stalled):
         due = [threshold - stalled_for] if last_end > 0 else []
