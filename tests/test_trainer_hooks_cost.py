@@ -17,15 +17,7 @@ from fleetscope.trainer_hooks import encode
 from fleetscope import codec, spool
 from fleetscope import trainer_hooks as hooks
 from fleetscope.schema import RECORD_TYPES, ColType
-
-FAST = hooks.HookConfig(poll_interval_s=0.01, flush_interval_s=0.05, inflight_interval_s=0.05,
-                        metrics_interval_s=0.2)
-
-
-@pytest.fixture(autouse=True)
-def _no_recorder_left():
-    yield
-    hooks.shutdown()
+from tests.test_trainer_hooks import FAST, _no_recorder_left  # noqa: F401 (autouse fixture)
 
 
 def _value(rnd: random.Random, t: ColType):

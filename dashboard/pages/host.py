@@ -18,7 +18,14 @@ import dash
 from dash import Input, Output, dcc, html
 from fleetscope.dashboard import palette
 from fleetscope.dashboard.client import ApiClient, ApiResult
-from fleetscope.dashboard.components import card, kpi, message, severity_badge, table
+from fleetscope.dashboard.components import (
+    card,
+    kpi,
+    message,
+    result_message,
+    severity_badge,
+    table,
+)
 
 SELFCHECK_STATUS_COLORS = {
     "ok": palette.GREEN,
@@ -132,9 +139,7 @@ def selfcheck_table(sc: ApiResult) -> Any:
     if _selfcheck_missing(sc):
         return message("no self-check results for this host yet: run `fleetscope selfcheck --server URL`")
     if not sc.ok:
-        if sc.not_available:
-            return message("this server does not provide self-check results", "unavailable")
-        return message(f"self-check results: {sc.error}", "error")
+        return result_message(sc, "self-check results")
     probes = (sc.data or {}).get("probes") or []
     if not probes:
         return message("no self-check results for this host yet")
