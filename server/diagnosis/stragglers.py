@@ -80,9 +80,21 @@ def _window(bd: pd.DataFrame, n: int) -> pd.DataFrame:
     return bd[bd["step"].isin(full[-n:])]
 
 
-def _matrix(bd: pd.DataFrame, col: str, ranks: list[int], steps: list[int]) -> np.ndarray:
-    m = bd.pivot_table(index="rank", columns="step", values=col, aggfunc="sum")
-    return m.reindex(index=ranks, columns=steps).fillna(0).to_numpy(dtype=float)
+class _Grid:
+    """Rows of a (rank, step) frame laid out on a ranks x steps matrix (sum per cell)."""
+
+    def __init__(self, bd: pd.DataFrame, ranks: list[int], steps: list[int]) -> None:
+        self.shape = (len(ranks), len(steps))
+        ri = pd.Index(ranks).get_indexer(bd["rank"])
+        si = pd.Index(steps).get_indexer(bd["step"])
+        keep = (ri >= 0) & (si >= 0)
+        self.bd, self.ri, self.si = bd, ri[keep], si[keep]
+        self.keep = keep
+
+    def matrix(self, col: str) -> np.ndarray:
+        m = np.zeros(self.shape)
+        np.add.at(m, (self.ri, self.si), self.bd[col].to_numpy(dtype=float)[self.keep])
+        return m
 
 
 def _reference(x: np.ndarray, groups: list[list[int]]) -> np.ndarray:
@@ -142,7 +154,8 @@ def detect_stragglers(
     groups: dict[int, list[int]] = {}
     for r in ranks:
         groups.setdefault(topo.stage(r), []).append(idx[r])
-    busy = _matrix(bd, "busy_ns", ranks, steps)
+    grid = _Grid(bd, ranks, steps)
+    busy = grid.matrix("busy_ns")
     ref = _reference(busy, list(groups.values()))
     lr = _log_ratio(busy, ref)
     sigma = _sigma(lr)
@@ -154,9 +167,9 @@ def detect_stragglers(
     persistent = (med_recent > thr) & (frac >= config.persist_frac)
     spike_thr = max(math.log1p(config.spike_min_effect), config.spike_z * sigma)
     spikes = (lr > spike_thr).sum(axis=1)
-    step_ns = float(np.median(_matrix(bd, "step_ns", ranks, steps)))
+    step_ns = float(np.median(grid.matrix("step_ns")))
 
-    comps = {c: _matrix(bd, c, ranks, steps) for c in COMPONENT_KIND}
+    comps = {c: grid.matrix(c) for c in COMPONENT_KIND}
     comp_refs = {c: _reference(m, list(groups.values())) for c, m in comps.items()}
     # a component can be significant on its own while the busy total is too noisy to show
     # it (a slow data loader inside a long step): same test, plus a materiality floor
@@ -172,6 +185,7 @@ def detect_stragglers(
         comp_med[c] = med_c / thr_c
         significant = (med_c > thr_c) & ((lr_c[:, -k:] > thr_c / 2).mean(axis=1) >= config.persist_frac)
         comp_hit[c] = (significant | _top_test(comps[c], groups, config)) & (ex_c >= material)
+    evidence = _arrival_evidence(arrivals, steps[-k:])
     findings: list[Finding] = []
     for r in ranks:
         i = idx[r]
@@ -188,7 +202,7 @@ def detect_stragglers(
                 c[:-3]: round(float(np.median(comps[c][i, -k:] - comp_refs[c][i, -k:])) / 1e6, 3)
                 for c in COMPONENT_KIND
             },
-            **_arrival_evidence(arrivals, r, steps[-k:]),
+            **evidence.get(r, {}),
         }
         hits = [c for c in comp_hit if comp_hit[c][i]]
         if persistent[i] or hits:
@@ -253,21 +267,30 @@ def _run_start(mask: np.ndarray) -> int:
     return j
 
 
-def _arrival_evidence(arr: pd.DataFrame, rank: int, steps: list[int]) -> dict:
+def _arrival_evidence(arr: pd.DataFrame, steps: list[int]) -> dict[int, dict]:
+    """Per rank: how often it arrived last at collectives over ``steps``, its median
+    lateness, how long peers waited for it per step and in which groups most."""
     if arr.empty:
         return {}
     a = arr[arr["step"].isin(steps)]
-    mine = a[a["rank"] == rank]
-    if mine.empty:
+    if a.empty:
         return {}
-    waited = a[(a["waited_on_rank"] == rank) & ~a["is_last"].astype(bool)]
-    by_group = waited.groupby("group_id")["wait_ns"].sum().sort_values(ascending=False)
-    return {
-        "last_arrival_frac": round(float(mine["is_last"].astype(bool).mean()), 3),
-        "median_lateness_ms": round(float(mine["lateness_ns"].median()) / 1e6, 3),
-        "peers_waited_ms_per_step": round(float(waited["wait_ns"].sum()) / 1e6 / max(len(steps), 1), 3),
-        "waited_in_groups": [str(g) for g in by_group.index[:4]],
-    }
+    is_last = a["is_last"].astype(bool)
+    per_rank = pd.DataFrame({"rank": a["rank"], "last": is_last, "late": a["lateness_ns"]}).groupby("rank")
+    last_frac, lateness = per_rank["last"].mean(), per_rank["late"].median()
+    waited = a[(~is_last).to_numpy()]
+    by = waited.groupby(["waited_on_rank", "group_id"])["wait_ns"].sum()
+    out: dict[int, dict] = {}
+    for r in last_frac.index:
+        mine = by.loc[r] if r in by.index.get_level_values(0) else pd.Series(dtype="int64")
+        top = mine.sort_values(ascending=False)
+        out[int(r)] = {
+            "last_arrival_frac": round(float(last_frac[r]), 3),
+            "median_lateness_ms": round(float(lateness[r]) / 1e6, 3),
+            "peers_waited_ms_per_step": round(float(mine.sum()) / 1e6 / max(len(steps), 1), 3),
+            "waited_in_groups": [str(g) for g in top.index[:4]],
+        }
+    return out
 
 
 def _finding(job, kind, ranks, score, first, last, hosts, profile, fallback_slowdown,
