@@ -270,6 +270,21 @@ def test_mfu_drop_attributed_to_launch_skew():
     assert detect_mfu_drop("synth", mfu_series(clean["steps"], 1e12, 0.0, 8)) is None
 
 
+def test_mfu_drop_of_every_rank_names_no_culprit():
+    """A slowdown every rank shares (machine load, clocks) is job-wide: no rank is named,
+    while a drop caused by one rank's own work still names that rank."""
+    slow_all = SynthJob(num_steps=40, compute_factor=lambda r, s: 1.4 if s >= 20 else 1.0).build()
+    bd, _ = rank_step_breakdown(slow_all["sections"], slow_all["collectives"], slow_all["steps"])
+    f = detect_mfu_drop("synth", mfu_series(slow_all["steps"], 1e12, 0.0, 8), bd)
+    assert f is not None and 19 <= f.first_step <= 21
+    assert f.ranks == () and f.evidence["attribution"] == "all ranks slowed alike"
+    one = SynthJob(num_steps=40, compute_factor=lambda r, s: 1.6 if r == 6 and s >= 20 else 1.0).build()
+    bd1, _ = rank_step_breakdown(one["sections"], one["collectives"], one["steps"])
+    f1 = detect_mfu_drop("synth", mfu_series(one["steps"], 1e12, 0.0, 8), bd1)
+    assert f1 is not None and f1.ranks and f1.ranks[0] == 6
+    assert f1.evidence["attribution"] != "all ranks slowed alike"
+
+
 # ---- health ------------------------------------------------------------------------------
 def test_heartbeat_loss_and_dead_process():
     hb = pd.concat([_hb(dead=(5,)), pd.DataFrame([{"rank": -1, "host": "h2", "ts_ns": NOW - 60 * 10**9,

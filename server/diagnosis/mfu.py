@@ -59,6 +59,14 @@ def change_point(y: np.ndarray, min_segment: int) -> tuple[int, float, float]:
     return best
 
 
+def _job_wide(busy_growth: pd.Series, num_ranks: int) -> bool:
+    """The growth of own work is shared by the ranks: the typical rank grew by at least
+    half as much as the rank that grew most (and more than half of the ranks grew)."""
+    if num_ranks < 3 or busy_growth.empty or busy_growth.iloc[0] <= 0:
+        return False
+    return float(busy_growth.median()) >= 0.5 * float(busy_growth.iloc[0])
+
+
 def detect_mfu_drop(
     job: str, series: pd.DataFrame, breakdown: pd.DataFrame | None = None,
     config: MfuConfig = MfuConfig(),
@@ -92,6 +100,11 @@ def detect_mfu_drop(
             lead = skew if skew.iloc[0] >= busy.iloc[0] else busy
             cause = "collective launch skew" if lead is skew else "own work"
             top = lead[lead > 0.5 * lead.iloc[0]].index[:4] if lead.iloc[0] > 0 else []
+            if _job_wide(busy, len(before)):
+                # every rank's own work grew alike: nothing singles a rank out (machine load,
+                # clocks, a shared filesystem or network); naming four of them would mislead
+                cause, top = "all ranks slowed alike", []
+                evidence["median_busy_growth_ms"] = round(float(busy.median()) / 1e6, 3)
             ranks = tuple(int(r) for r in top)
             evidence["attribution"] = cause
             evidence["growth_ms_per_step"] = {str(r): round(float(lead[r]) / 1e6, 3) for r in top}
@@ -100,6 +113,7 @@ def detect_mfu_drop(
         severity=Severity.WARNING, first_step=change_step, last_step=int(s["step"].iloc[-1]),
         est_slowdown=round(max(-rel, 0.0) / max(1 + rel, 1e-9), 4),
         summary=f"{col} fell {-rel:.0%} from step {change_step}"
-        + (f"; grew most on rank(s) {list(ranks)} ({evidence.get('attribution')})" if ranks else ""),
+        + (f"; grew most on rank(s) {list(ranks)} ({evidence.get('attribution')})" if ranks
+           else f"; {evidence['attribution']}" if "attribution" in evidence else ""),
         evidence=evidence,
     )
