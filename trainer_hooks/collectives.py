@@ -47,7 +47,8 @@ _keys = itertools.count()
 class GroupInfo:
     """What the hooks know about one process group."""
 
-    __slots__ = ("group", "group_id", "axis", "size", "group_rank", "ranks", "seq", "p2p_seq")
+    __slots__ = ("group", "group_id", "axis", "size", "group_rank", "ranks", "seq", "p2p_seq",
+                 "row")
 
     def __init__(self, group: Any, group_id: str, axis: str, ranks: list[int], rank: int) -> None:
         self.group, self.group_id, self.axis = group, group_id, axis
@@ -56,6 +57,8 @@ class GroupInfo:
         self.group_rank = self.ranks.index(rank) if rank in self.ranks else -1
         self.seq = 0
         self.p2p_seq: dict[tuple[str, int], int] = {}
+        self.row = (group_id, axis, self.group_rank, self.size)
+        """The group's columns of a ``collectives`` row (group_id, axis, rank, size)."""
 
 
 class Op:
@@ -246,7 +249,6 @@ class TracedWork:
 
 
 def _track_async(rec: Recorder, op: Op, work: Any) -> None:
-    rec.stack.pop()
     if work is None:
         rec.enqueue(("C", op))
         return
@@ -257,10 +259,49 @@ def _track_async(rec: Recorder, op: Op, work: Any) -> None:
         rec.dropped += 1
 
 
+def _describe(rec: Recorder, name: str, spec: tuple, args: tuple,
+              kwargs: dict) -> tuple[GroupInfo, str, int, int, int, str]:
+    """(group, op name, seq, peer, bytes, dtype) of an op about to be called; advances
+    the group's sequence number."""
+    kind, inp, grp, _, peer_spec = spec
+    i, key = grp
+    group = args[i] if len(args) > i else kwargs.get(key)
+    g = rec.groups.get(id(group) if group is not None else 0)
+    if g is None:
+        g = group_info(rec, group)
+    if inp is None:
+        nbytes, dtype = 0, ""
+    else:
+        i, key = inp
+        t = args[i] if len(args) > i else kwargs.get(key)
+        if t is None:
+            nbytes, dtype = 0, ""
+        elif isinstance(t, (list, tuple)):
+            nbytes, dtype = _payload(t)
+        else:
+            nbytes = t.nbytes
+            dtype = _DTYPES.get(t.dtype) or _dtype(t.dtype)
+    if peer_spec is None:
+        g.seq += 1
+        return g, name, g.seq, -1, nbytes, dtype
+    peer = _peer(rec, g, args, kwargs, peer_spec)
+    opname = _P2P_NAME[name]
+    k = (opname, peer)
+    seq = g.p2p_seq[k] = g.p2p_seq.get(k, 0) + 1
+    return g, opname, seq, peer, nbytes, dtype
+
+
 def traced(name: str, fn: Any) -> Any:
-    """A tracing wrapper of the ``torch.distributed`` function ``fn`` named ``name``."""
+    """A tracing wrapper of the ``torch.distributed`` function ``fn`` named ``name``.
+
+    A synchronous op on CPU is queued as one flat tuple (``"c"``); async ops, CUDA ops
+    and failed ops go through an :class:`Op` (completion or device events come later).
+    """
     spec = _SPECS[name]
+    kind = spec[0]
     async_spec = spec[3]
+    always_async = async_spec is True
+    async_at, async_key = async_spec if isinstance(async_spec, tuple) else (0, "")
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         rec = state.recorder
@@ -268,28 +309,47 @@ def traced(name: str, fn: Any) -> Any:
             return fn(*args, **kwargs)
         t_in = perf_ns()
         try:
-            op = begin(rec, name, args, kwargs)
+            g, opname, seq, peer, nbytes, dtype = _describe(rec, name, spec, args, kwargs)
         except Exception:  # unknown group, odd arguments: never fail the caller
             return fn(*args, **kwargs)
-        is_async = async_spec is True or (
-            async_spec is not None and bool(_arg(args, kwargs, async_spec, False)))
+        is_async = always_async or (async_key != "" and bool(
+            args[async_at] if len(args) > async_at else kwargs.get(async_key, False)))
+        step, mb, cuda = rec.step, rec.microbatch, rec.cuda
+        t = perf_ns()
+        ev0 = cuda.event() if cuda is not None else None
+        stack = rec.stack
+        stack.append((kind, opname, g.group_id, g.axis, seq, peer, t, step))
         rec.overhead_ns += perf_ns() - t_in
         rec.suppress += 1
         try:
             result = fn(*args, **kwargs)
         except BaseException:
             rec.suppress -= 1
-            rec.stack.pop()
+            stack.pop()
+            op = Op(opname, g, seq, step, mb, nbytes, dtype, peer, t)
+            op.ev0 = ev0
             finish(rec, op, failed=True)
             raise
         rec.suppress -= 1
         t_out = perf_ns()
-        if is_async:
-            _track_async(rec, op, result)
-            result = TracedWork(result, rec, [op]) if result is not None else None
+        stack.pop()
+        if is_async or cuda is not None:
+            op = Op(opname, g, seq, step, mb, nbytes, dtype, peer, t)
+            op.ev0 = ev0
+            if is_async:
+                _track_async(rec, op, result)
+                result = TracedWork(result, rec, [op]) if result is not None else None
+            else:
+                op.t_done = t_out
+                op.ev1 = cuda.event()
+                rec.enqueue(("C", op))
         else:
-            rec.stack.pop()
-            finish(rec, op)
+            q = rec.queue
+            if len(q) < rec.capacity:
+                q.append(("c", opname, g, seq, step, mb, nbytes, dtype, peer, t, t_out,
+                          "completed"))
+            else:
+                rec.dropped += 1
         rec.calls += 1
         rec.overhead_ns += perf_ns() - t_out
         return result

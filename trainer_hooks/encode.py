@@ -24,8 +24,8 @@ of the record type are ignored.
 from __future__ import annotations
 
 import struct
-from array import array
-from itertools import accumulate, chain
+from collections.abc import Callable, Sequence
+from itertools import accumulate, repeat
 from operator import itemgetter
 from typing import Any
 
@@ -46,9 +46,16 @@ _V5, _RECORD_BATCH = 4, 3  # MetadataVersion.V5, MessageHeader.RecordBatch
 #   .. buffers vector: u32 count, Buffer{offset i64, length i64}*
 _HEAD = struct.Struct("<I HHHHHH i I q h B x 4x HHHHH 6x i I q I 4x 4x I")
 _PAIR = struct.Struct("<qq")
+_I32 = struct.Struct("<i")
 _PAD = bytes(8)
 _CODES = {ColType.INT64: "q", ColType.INT32: "i", ColType.BOOL: "B", ColType.FLOAT64: "d"}
+_WIDTH = {"q": 8, "i": 4, "B": 1, "d": 8}
 _STRINGS = (ColType.STRING, ColType.SYMBOL)
+_ALLOWED = {"q": frozenset({int}), "i": frozenset({int}), "d": frozenset({int, float}),
+            "B": frozenset({int, bool})}
+"""Python types each numeric column may hold (bools only in BOOL, floats only in FLOAT64)."""
+_BOOLS = frozenset({0, 1})
+_MAX_SHAPES = 256
 _layouts: dict[str, tuple] = {}
 
 
@@ -58,37 +65,155 @@ class _Slow(Exception):
 
 def _layout(rt: RecordType) -> tuple:
     """Cached per record type: (schema message, number of columns, row -> values getter,
-    defaults, [(numeric type, its column indices)], string column indices)."""
+    defaults, per column its struct code (None: a string column), column names,
+    per-row-count shapes, the encoder of all columns, every value checked)."""
     lay = _layouts.get(rt.name)
     if lay is None:
         names = rt.column_names
         getter = itemgetter(*names) if len(names) > 1 else (lambda r: (r[names[0]],))
         defaults = {c.name: c.default for c in rt.columns if c.default is not None}
-        numeric: dict[ColType, list[int]] = {}
-        for i, c in enumerate(rt.columns):
-            if c.type not in _STRINGS:
-                numeric.setdefault(c.type, []).append(i)
-        strings = [i for i, c in enumerate(rt.columns) if c.type in _STRINGS]
-        lay = _layouts[rt.name] = (rt.arrow_schema().serialize().to_pybytes(), len(names),
-                                   getter, defaults, list(numeric.items()), strings)
+        codes = tuple(None if c.type in _STRINGS else _CODES[c.type] for c in rt.columns)
+        lay = (rt.arrow_schema().serialize().to_pybytes(), len(names), getter, defaults,
+               codes, names, {})
+        lay = _layouts[rt.name] = (*lay, _compile(lay, names, {}, frozenset()))
     return lay
 
 
-def _numeric(t: ColType, values: list[Any]) -> bytes:
-    """The values of all columns of type ``t``, column after column, packed."""
-    kinds = set(map(type, values))
-    if t == ColType.FLOAT64:
-        ok = kinds <= {float, int}
-    elif t == ColType.BOOL:
-        ok = kinds <= {bool, int} and set(values) <= {0, 1}
-    else:  # no bools, floats, None, numpy scalars here: those are checked slowly
-        ok = kinds == {int}
-    if not ok:
+def _shape(lay: tuple, n: int) -> tuple:
+    """What every batch of ``n`` rows of a record type shares (cached): a ``Struct`` that
+    packs all fixed-size buffers (the numeric columns, then the string columns' int32
+    offsets, each padded to 8 bytes) as the start of the body, and that part's size; the
+    field nodes; the buffer count; the buffer table (schema order: validity, offsets,
+    data per column) cut where the string data buffers' places go, which follow the
+    fixed part and are filled in per batch."""
+    shapes = lay[6]
+    shape = shapes.get(n)
+    if shape is not None:
+        return shape
+    codes = lay[4]
+    fmt = ["<"]
+    place: dict[int, tuple[int, int]] = {}  # column -> (offset, length) of its fixed buffer
+    pos = 0
+    for numeric in (True, False):
+        for i, code in enumerate(codes):
+            if (code is not None) == numeric:
+                size = _WIDTH[code] * n if numeric else 4 * (n + 1)
+                fmt.append(f"{n}{code}{-size & 7}x" if numeric else f"{n + 1}i{-size & 7}x")
+                place[i] = (pos, size)
+                pos += size + (-size & 7)
+    pieces: list[bytes] = []
+    table: list[int] = []
+    n_bufs = 0
+    for i, code in enumerate(codes):
+        table += (0, 0, *place[i])  # validity (none), then data or offsets
+        n_bufs += 2
+        if code is None:  # the data buffer: its place depends on the batch
+            pieces.append(struct.pack(f"<{len(table)}q", *table))
+            table = []
+            n_bufs += 1
+    pieces.append(struct.pack(f"<{len(table)}q", *table))
+    if len(shapes) >= _MAX_SHAPES:
+        shapes.clear()
+    shape = shapes[n] = (struct.Struct("".join(fmt)), pos, _PAIR.pack(n, 0) * lay[1],
+                         struct.pack("<4xI", n_bufs), tuple(pieces))
+    return shape
+
+
+def _compile(lay: tuple, names: Sequence[str], consts: dict[str, Any],
+             trusted: frozenset[str]) -> Callable[[Sequence[Sequence[Any]], int], bytes]:
+    """A function ``(cols, n) -> record-batch message`` for batches whose columns come as
+    ``cols`` (one sequence of ``n`` values per name in ``names``, in that order) plus
+    ``consts`` (one value for all rows); columns in neither hold their default. It is
+    straight-line code generated for this layout (no per-column loop or branch at run
+    time), and raises :class:`_Slow` when a value needs the checking path: the value
+    types of every string column and of the numeric columns not in ``trusted`` are
+    checked; ``struct`` refuses out-of-range integers."""
+    index = {name: j for j, name in enumerate(names)}
+    env: dict[str, Any] = {
+        "_Slow": _Slow, "_shape": _shape, "_lay": lay, "_set": set, "_map": map, "_type": type,
+        "_list": list, "_encode": str.encode, "_len": len, "_acc": accumulate, "_repeat": repeat,
+        "_range": range, "_join": b"".join, "_sjoin": "".join, "_pair": _PAIR.pack, "_head": _HEAD.pack,
+        "_i32": _I32.pack, "_PAD": _PAD, "_CONT": CONTINUATION, "_BOOLS": _BOOLS,
+        "_StructError": struct.error, "_TypeError": TypeError,
+        **{f"_A{code}": allowed for code, allowed in _ALLOWED.items()},
+    }
+    body = ["def enc(cols, n):"]
+    numeric: list[str] = []
+    offsets: list[str] = []
+    datas: list[str] = []
+    for i, (name, code) in enumerate(zip(lay[5], lay[4])):
+        if name in index:
+            src = f"cols[{index[name]}]"
+            if code is not None:
+                if name not in trusted:
+                    body.append(f"    if not _set(_map(_type, {src})) <= _A{code}: raise _Slow")
+                    if code == "B":
+                        body.append(f"    if not _set({src}) <= _BOOLS: raise _Slow")
+                numeric.append(f"*{src}")
+            else:
+                body += [  # ASCII (the usual case): byte lengths are string lengths
+                    f"    try: t{i} = _sjoin({src})",
+                    "    except _TypeError: raise _Slow from None",
+                    f"    if t{i}.isascii(): o{i} = {src}; d{i} = t{i}.encode()",
+                    f"    else: o{i} = _list(_map(_encode, {src})); d{i} = _join(o{i})"]
+                offsets.append(f"*_acc(_map(_len, o{i}), initial=0)")
+                datas.append(f"d{i}")
+            continue
+        value = consts[name] if name in consts else lay[3].get(name)
+        ok = value is not None and (
+            isinstance(value, str) if code is None else
+            type(value) in _ALLOWED[code] and (code != "B" or value in _BOOLS))
+        if not ok:  # a required column is missing, or a constant of the wrong type
+            body.append("    raise _Slow")
+            continue
+        if code is not None:
+            env[f"K{i}"] = value
+            numeric.append(f"*_repeat(K{i}, n)")
+        else:
+            env[f"K{i}"] = data = value.encode()
+            offsets.append(f"*_range(0, {len(data)} * n + 1, {len(data)})" if data
+                           else "*_repeat(0, n + 1)")
+            body.append(f"    d{i} = K{i} * n")
+            datas.append(f"d{i}")
+    body.append("    fixed, p, nodes, n_bufs, P = _shape(_lay, n)")
+    body.append(f"    try: head = fixed.pack({', '.join(numeric + offsets)})")
+    body.append("    except _StructError: raise _Slow from None")
+    spans, tail = [], []
+    for k, d in enumerate(datas):
+        body.append(f"    l{k} = len({d}); p{k} = p; p += l{k} + (-l{k} & 7)")
+        spans += [f"P[{k}]", f"_pair(p{k}, l{k})"]
+        tail += [d, f"_PAD[:-l{k} & 7]"]
+    spans.append(f"P[{len(datas)}]")
+    n_cols = lay[1]
+    body.append(f"    meta = _join((_head(16, 12, 24, 16, 18, 4, 8, 12, 36, p, {_V5}, {_RECORD_BATCH}, "
+                f"10, 24, 8, 4, 16, 16, 24, n, {88 + 16 * n_cols + 4 - 72}, {n_cols}), "
+                f"nodes, n_bufs, {', '.join(spans)}))")
+    body.append(f"    return _join((_CONT, _i32(len(meta)), meta, head, {', '.join(tail)}))")
+    exec("\n".join(body), env)  # noqa: S102 - our own code, from the schema's column list
+    return env["enc"]
+
+
+def _record_batch(lay: tuple, columns: Sequence[Sequence[Any]], n: int) -> bytes:
+    """The record-batch message of ``n`` rows given as one sequence per column of the
+    record type (schema order); every value is checked."""
+    if n <= 0:
         raise _Slow
+    return lay[7](columns, n)
+
+
+def ipc_stream(rt: RecordType, rows: list[dict[str, Any]]) -> bytes:
+    """One uncompressed Arrow IPC stream holding ``rows`` of record type ``rt``."""
+    lay = _layout(rt)
     try:
-        return array(_CODES[t], values).tobytes()
-    except OverflowError:
-        raise _Slow from None
+        if not rows:
+            raise _Slow
+        columns = _columns(lay[2], lay[3], rows)
+        return b"".join((lay[0], _record_batch(lay, columns, len(rows)), EOS))
+    except _Slow:
+        from fleetscope import codec
+
+        # raises BatchError naming the bad row, or encodes what the fast path could not
+        return codec.table_to_ipc(codec.rows_to_table(rt, rows), compression=None)
 
 
 def _columns(getter: Any, defaults: dict[str, Any], rows: list[dict[str, Any]]) -> list:
@@ -103,62 +228,43 @@ def _columns(getter: Any, defaults: dict[str, Any], rows: list[dict[str, Any]]) 
             raise _Slow from None
 
 
-def _record_batch(lay: tuple, columns: list, n: int) -> bytes:
-    _, n_cols, _, _, numeric, strings = lay
-    col_bufs: list[tuple] = [()] * n_cols
-    for t, idx in numeric:  # one array() per type; each column is a slice of it
-        data = _numeric(t, list(chain.from_iterable(columns[i] for i in idx)))
-        w = len(data) // len(idx)
-        for k, i in enumerate(idx):
-            col_bufs[i] = (data[k * w:(k + 1) * w],)
-    if strings:  # offsets (int32, n + 1) and UTF-8 data per column
+class ColumnEncoder:
+    """Encodes batches of one record type held column by column (see :mod:`.batch`)."""
+
+    __slots__ = ("rt", "lay", "fn")
+
+    def __init__(self, rt: RecordType, names: Sequence[str], consts: dict[str, Any],
+                 trusted: frozenset[str] = frozenset()) -> None:
+        """
+        Args:
+            rt: The record type.
+            names: The columns given per batch, in the order they are given.
+            consts: Columns with one value in every row.
+            trusted: Numeric columns whose values the caller computes itself (ints), so
+                their types need no check.
+        """
+        unknown = (set(names) | set(consts)) - set(rt.column_names)
+        if unknown:
+            raise ValueError(f"record type {rt.name!r} has no column(s) {sorted(unknown)}")
+        self.rt = rt
+        self.lay = _layout(rt)
+        self.fn = _compile(self.lay, tuple(names), dict(consts), frozenset(trusted))
+
+    def stream(self, cols: Sequence[Sequence[Any]], n: int,
+               rows: Callable[[], list[dict[str, Any]]]) -> bytes:
+        """The same stream as :func:`ipc_stream` of these rows.
+
+        Args:
+            cols: One sequence of ``n`` values per name, in ``names`` order.
+            n: Number of rows.
+            rows: Builds the rows as dicts; called only when a value needs the checking
+                path (which raises ``codec.BatchError`` naming the bad row).
+        """
         try:
-            enc = [v.encode() for v in chain.from_iterable(columns[i] for i in strings)]
-        except AttributeError:
-            raise _Slow from None
-        for k, i in enumerate(strings):
-            part = enc[k * n:(k + 1) * n]
-            offsets = array("i", [0])
-            offsets.extend(accumulate(map(len, part)))
-            col_bufs[i] = (offsets.tobytes(), b"".join(part))
-    spans: list[int] = []  # Buffer{offset, length} pairs, flattened
-    body: list[bytes] = []
-    pos = 0
-    for bufs in col_bufs:
-        spans += (pos, 0)  # validity: none (no nulls)
-        for buf in bufs:
-            size = len(buf)
-            spans += (pos, size)
-            body.append(buf)
-            pad = -size % 8
-            if pad:
-                body.append(_PAD[:pad])
-            pos += size + pad
-    n_bufs = len(spans) // 2
-    buffers_at = 88 + 16 * n_cols + 4
-    meta = _HEAD.pack(
-        16,                                   # root: Message table
-        12, 24, 16, 18, 4, 8,                 # Message vtable
-        12, 56 - 20, pos, _V5, _RECORD_BATCH,  # Message table (header -> RecordBatch at 56)
-        10, 24, 8, 4, 16,                     # RecordBatch vtable
-        16, 84 - 60, n, buffers_at - 72,      # RecordBatch table
-        n_cols,                               # nodes vector (count at 84)
-    )
-    meta += (_PAIR.pack(n, 0) * n_cols + struct.pack("<4xI", n_bufs)
-             + struct.pack(f"<{len(spans)}q", *spans))
-    return CONTINUATION + struct.pack("<i", len(meta)) + meta + b"".join(body)
+            if n <= 0:
+                raise _Slow
+            return b"".join((self.lay[0], self.fn(cols, n), EOS))
+        except _Slow:
+            from fleetscope import codec
 
-
-def ipc_stream(rt: RecordType, rows: list[dict[str, Any]]) -> bytes:
-    """One uncompressed Arrow IPC stream holding ``rows`` of record type ``rt``."""
-    lay = _layout(rt)
-    try:
-        if not rows:
-            raise _Slow
-        columns = _columns(lay[2], lay[3], rows)
-        return lay[0] + _record_batch(lay, columns, len(rows)) + EOS
-    except _Slow:
-        from fleetscope import codec
-
-        # raises BatchError naming the bad row, or encodes what the fast path could not
-        return codec.table_to_ipc(codec.rows_to_table(rt, rows), compression=None)
+            return codec.table_to_ipc(codec.rows_to_table(self.rt, rows()), compression=None)

@@ -14,14 +14,41 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter, sub
 from typing import Any
 
+from fleetscope.trainer_hooks.batch import Columns, ColumnSpec, rows_of
 from fleetscope.trainer_hooks.clock import CpuClock, CudaTimer
 
 from fleetscope.schema import RECORD_TYPES
 from fleetscope.topology import Coords, Topology
 
 perf_ns = time.perf_counter_ns
+
+# Columns the background thread fills per record type (job, attempt, rank and host are
+# constant per rank), and those it computes itself (ints: no type check when encoding).
+_NAMES = {
+    "sections": ("step", "microbatch", "name", "kind", "start_ns", "end_ns", "duration_ns",
+                 "device_ns"),
+    "collectives": ("step", "microbatch", "group_id", "axis", "group_rank", "group_size", "seq",
+                    "op", "bytes", "dtype", "peer", "state", "enqueued_ns", "started_ns",
+                    "completed_ns", "duration_ns"),
+    "steps": ("step", "start_ns", "end_ns", "duration_ns", "num_microbatches", "tokens", "loss"),
+    "inflight": ("ts_ns", "step", "kind", "op", "group_id", "axis", "seq", "peer", "since_ns"),
+}
+_TRUSTED = {
+    "sections": frozenset({"step", "start_ns", "end_ns", "duration_ns", "device_ns"}),
+    "collectives": frozenset({"step", "group_rank", "group_size", "seq", "bytes", "peer",
+                              "enqueued_ns", "started_ns", "completed_ns", "duration_ns"}),
+    "steps": frozenset({"step", "start_ns", "end_ns", "duration_ns"}),
+    "inflight": frozenset({"ts_ns", "step", "seq", "peer", "since_ns"}),
+}
+_STEP_INFO = {"num_microbatches": 0, "tokens": 0, "loss": float("nan")}
+"""The ``steps`` columns ``step(n, **info)`` fills, with their defaults."""
+# An Op as the flat tuple a synchronous CPU op is queued as (after its "c"/"C" tag).
+_OP_FIELDS = attrgetter("name", "group", "seq", "step", "mb", "nbytes", "dtype", "peer", "t_enq",
+                        "t_done", "state")
+_GROUP_ROW = attrgetter("row")
 
 SECTION_KINDS = {"forward": "compute", "backward": "compute", "dataloader": "dataloader",
                  "optimizer": "optimizer"}
@@ -91,7 +118,11 @@ class Recorder:
         self.cpu = CpuClock()
         # background-thread state
         self.started_ns = time.time_ns()
-        self.rows: dict[str, list[dict[str, Any]]] = {}
+        self.rows: dict[str, Any] = {}
+        """Record type -> rows since the last flush: :class:`Columns`, or row dicts."""
+        self._specs = {rt: ColumnSpec(rt, {k: v for k, v in self.ident.items()
+                                           if k in RECORD_TYPES[rt].column_names},
+                                      names, _TRUSTED[rt]) for rt, names in _NAMES.items()}
         self.waiting: list[tuple] = []
         self.records_written = 0
         self.sink_dropped = 0
@@ -221,18 +252,68 @@ class Recorder:
             self.last_error = f"sink.open: {e!r}"[:500]
 
     def _drain(self) -> None:
-        q, waiting = self.queue, self.waiting
-        while q:
-            item = q.popleft()
-            if not self._convert(item):
-                if len(waiting) < self.config.max_pending:
-                    waiting.append(item)
-                else:
-                    self.dropped += 1
-        if waiting:
-            self.waiting = [it for it in waiting if not self._convert(it)]
+        q = self.queue
+        items = [q.popleft() for _ in range(len(q))]
+        waiting = self.waiting
+        self.waiting = []
+        late = self._convert_all(items) if items else []
+        if waiting:  # older items waiting for their CUDA events: still waiting go first
+            self.waiting = self._convert_all(waiting)
+        room = self.config.max_pending - len(self.waiting)
+        if len(late) > room:
+            self.dropped += len(late) - max(0, room)
+            late = late[:max(0, room)]
+        self.waiting += late
         if self.pending_async:
             self._poll_async()
+
+    def _convert_all(self, items: list[tuple]) -> list[tuple]:
+        """Turn queue items into rows, column by column in bulk where no CUDA event is
+        involved; returns the items whose events are not done yet (in order)."""
+        secs: list[tuple] = []
+        colls: list[tuple] = []
+        one_by_one: list[tuple] = []
+        for item in items:
+            kind = item[0]
+            if kind == "S" and item[8] is None:
+                secs.append(item)
+            elif kind == "c":  # a synchronous op on CPU, already flat
+                colls.append(item)
+            elif kind == "C" and item[1].ev1 is None:
+                colls.append(("C", *_OP_FIELDS(item[1])))
+            else:
+                one_by_one.append(item)
+        epoch = self.cpu.offset_ns.__add__  # perf_counter ns -> epoch ns
+        if secs:
+            _, names, kinds, steps, mbs, t0s, t1s, _, _ = zip(*secs)
+            self._extend("sections", (
+                steps, mbs, names, kinds, list(map(epoch, t0s)), list(map(epoch, t1s)),
+                list(map(sub, t1s, t0s)), [-1] * len(secs)))
+        if colls:
+            _, names, groups, seqs, steps, mbs, nbytes, dtypes, peers, t_enq, t_done, states = (
+                zip(*colls))
+            gids, axes, granks, gsizes = zip(*map(_GROUP_ROW, groups))
+            enq = list(map(epoch, t_enq))
+            if min(t_done) >= 0:  # all returned (the usual case)
+                done, took = list(map(epoch, t_done)), list(map(sub, t_done, t_enq))
+            else:  # not seen completing (async ops nobody waited on): "started", no end
+                done = [epoch(t) if t >= 0 else -1 for t in t_done]
+                took = [t1 - t0 if t1 >= 0 else -1 for t0, t1 in zip(t_enq, t_done)]
+                states = [s if t >= 0 or s != "completed" else "started"
+                          for s, t in zip(states, t_done)]
+            self._extend("collectives", (
+                steps, mbs, gids, axes, granks, gsizes, seqs, names, nbytes, dtypes, peers,
+                states, enq, enq, done, took))
+        late = []
+        for item in one_by_one:
+            try:
+                if not self._convert(item):
+                    late.append(item)
+            except Exception as e:  # one bad item (e.g. odd step info) costs only itself
+                self.dropped += 1
+                self.worker_errors += 1
+                self.last_error = f"_convert: {e!r}"[:500]
+        return late
 
     def _poll_async(self) -> None:
         for key, op in list(self.pending_async.items()):
@@ -244,8 +325,35 @@ class Recorder:
                 op.t_done = perf_ns()
                 self.enqueue(("C", op))
 
+    def _extend(self, record_type: str, columns: tuple) -> None:
+        """Add rows (given column by column, in ``_NAMES[record_type]`` order)."""
+        batch = self.rows.get(record_type)
+        if batch is None:
+            batch = self.rows[record_type] = Columns(self._specs[record_type])
+        if batch.__class__ is Columns:
+            batch.extend(columns)
+        else:  # rows of this type were emitted as dicts in this flush: stay dicts
+            more = Columns(self._specs[record_type])
+            more.extend(columns)
+            batch.extend(more.rows())
+
+    def _append(self, record_type: str, values: tuple) -> None:
+        """Add one row (values in ``_NAMES[record_type]`` order)."""
+        batch = self.rows.get(record_type)
+        if batch.__class__ is Columns:
+            batch.append(values)
+        else:
+            self._extend(record_type, tuple((v,) for v in values))
+
     def _add(self, record_type: str, row: dict[str, Any]) -> None:
-        self.rows.setdefault(record_type, []).append(row)
+        """Add one row given as a dict (``emit``, metrics)."""
+        batch = self.rows.get(record_type)
+        if batch is None:
+            self.rows[record_type] = [row]
+        elif batch.__class__ is Columns:
+            self.rows[record_type] = batch.rows() + [row]
+        else:
+            batch.append(row)
 
     def _convert(self, item: tuple, force: bool = False) -> bool:
         """Turn one queue item into a row; False while its CUDA events are not done."""
@@ -261,20 +369,22 @@ class Recorder:
                 else:
                     device_ns = CudaTimer.elapsed_ns(ev0, ev1)
             start, end = cpu(t0), cpu(t1)
-            self._add("sections", dict(self.ident, step=step, microbatch=mb, name=name,
-                                       kind=skind, start_ns=start, end_ns=end,
-                                       duration_ns=device_ns if device_ns >= 0 else end - start,
-                                       device_ns=device_ns))
+            self._append("sections", (step, mb, name, skind, start, end,
+                                      device_ns if device_ns >= 0 else end - start, device_ns))
         elif kind == "C":
             op = item[1]
             if op.ev1 is not None and not CudaTimer.done(op.ev1) and not force:
                 return False
-            self._add("collectives", self._collective_row(op))
+            self._append("collectives", self._collective_values(op))
         elif kind == "T":
             _, n, t0, t1, info = item
             start, end = cpu(t0), cpu(t1)
-            self._add("steps", dict(self.ident, step=n, start_ns=start, end_ns=end,
-                                    duration_ns=end - start, **info))
+            if info.keys() <= _STEP_INFO.keys():
+                self._append("steps", (n, start, end, end - start, *(
+                    info.get(k, default) for k, default in _STEP_INFO.items())))
+            else:  # other keys: a plain row, as given (the encoder ignores extra fields)
+                self._add("steps", dict(self.ident, step=n, start_ns=start, end_ns=end,
+                                        duration_ns=end - start, **info))
         elif kind == "R":
             _, rt, row = item
             full = {k: v for k, v in self.ident.items() if k in RECORD_TYPES[rt].column_names}
@@ -284,7 +394,8 @@ class Recorder:
             self._add(rt, full)
         return True
 
-    def _collective_row(self, op: Any) -> dict[str, Any]:
+    def _collective_values(self, op: Any) -> tuple:
+        """One collective's values in ``_NAMES["collectives"]`` order."""
         cpu = self.cpu.to_epoch
         enq = cpu(op.t_enq)
         started, completed, duration, state = enq, -1, -1, op.state
@@ -301,11 +412,8 @@ class Recorder:
         if state == "completed" and completed < 0:
             state = "started"
         g = op.group
-        return dict(self.ident, step=op.step, microbatch=op.mb, group_id=g.group_id,
-                    axis=g.axis, group_rank=g.group_rank, group_size=g.size, seq=op.seq,
-                    op=op.name, bytes=op.nbytes, dtype=op.dtype, peer=op.peer, state=state,
-                    enqueued_ns=enq, started_ns=started, completed_ns=completed,
-                    duration_ns=duration)
+        return (op.step, op.mb, g.group_id, g.axis, g.group_rank, g.size, op.seq, op.name,
+                op.nbytes, op.dtype, op.peer, state, enq, started, completed, duration)
 
     def _inflight(self) -> None:
         stack = self.stack
@@ -317,12 +425,11 @@ class Recorder:
         if (top is None or top[0] == "section") and self.waiting:
             top = self._oldest_on_device() or top
         if top is None:
-            row = dict(self.ident, ts_ns=ts, step=self.step, kind="idle", since_ns=ts)
+            values = (ts, self.step, "idle", "", "", "", -1, -1, ts)
         else:
             kind, op, group_id, axis, seq, peer, since, step = top
-            row = dict(self.ident, ts_ns=ts, step=step, kind=kind, op=op, group_id=group_id,
-                       axis=axis, seq=seq, peer=peer, since_ns=self.cpu.to_epoch(since))
-        self._add("inflight", row)
+            values = (ts, step, kind, op, group_id, axis, seq, peer, self.cpu.to_epoch(since))
+        self._append("inflight", values)
 
     def _oldest_on_device(self) -> tuple | None:
         """On GPU the training thread does not block in NCCL ops; a collective enqueued
@@ -374,7 +481,7 @@ class Recorder:
             failed = {}
             for rt, batch in rows.items():
                 try:
-                    self.sink.write(rt, batch)
+                    self.sink.write(rt, rows_of(batch))
                 except Exception as e:
                     failed[rt] = e
         else:  # e.g. SpoolSink: all frames of this flush in one write
@@ -403,7 +510,7 @@ class Recorder:
         for key, op in list(self.pending_async.items()):
             if self.pending_async.pop(key, None) is not None:
                 op.state = "started"
-                self._add("collectives", self._collective_row(op))
+                self._append("collectives", self._collective_values(op))
         self._metrics()
         self._flush()
         if self._sink_open:

@@ -13,7 +13,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Protocol
 
+from fleetscope.trainer_hooks.batch import Columns
+from fleetscope.trainer_hooks.encode import ipc_stream
+
 from fleetscope import spool
+from fleetscope.schema import record_type as lookup
 
 
 class Sink(Protocol):
@@ -100,24 +104,27 @@ class SpoolSink:
         if failed:
             raise failed[record_type]
 
-    def write_many(self, batches: dict[str, list[dict[str, Any]]]) -> dict[str, Exception]:
+    def write_many(self, batches: dict[str, Any]) -> dict[str, Exception]:
         """One frame per record type, all appended with one ``write``.
+
+        ``batches`` maps record types to lists of row dicts or to
+        :class:`~fleetscope.trainer_hooks.batch.Columns` (encoded without row dicts).
 
         Returns the record types that were not written, with the reason: rows that
         cannot be encoded, or frames the file write did not complete (the frames before
         a failed write's end are on disk and count as written).
         """
-        from fleetscope.trainer_hooks.encode import ipc_stream
-
-        from fleetscope.schema import record_type as lookup
-
         failed: dict[str, Exception] = {}
         frames: list[tuple[str, bytes]] = []
         for name, rows in batches.items():
             if not rows:
                 continue
             try:
-                frames.append((name, spool.encode_frame(ipc_stream(lookup(name), rows))))
+                if isinstance(rows, Columns):
+                    payload = rows.ipc_stream()
+                else:
+                    payload = ipc_stream(lookup(name), rows)
+                frames.append((name, spool.encode_frame(payload)))
             except Exception as e:
                 failed[name] = e
         if not frames:
