@@ -211,3 +211,28 @@ def test_outbox_survives_restart_and_retries(tmp_path):
             assert down.payloads()[0]["alerts"][0]["labels"]["kind"] == "slow_dataloader"
     finally:
         down.close()
+
+
+def test_finished_job_gets_a_final_pass_that_pages_nobody(tmp_path, receiver):
+    """A job whose data (and its end) arrive in one go, as from an agent that fell behind:
+    the final pass records the straggler it holds, resolved at once, and sends no alert."""
+    with running_server(tmp_path, diagnosis_tick_s=0.5) as url:
+        api = url.api
+        assert HTTP.post(f"{api}/alerts/webhooks", json={"name": "recv", "url": receiver.url}).status_code == 201
+        now = time.time_ns()
+        job = SynthJob(job="short", num_steps=30, t0_ns=now - 30 * 200 * MS,
+                       compute_factor=lambda r, s: 1.4 if r == 6 and s >= 6 else 1.0)
+        recs = synth_records(job)
+        recs["jobs"] = [job_record("short", now - 10 * 10**9, status="finished")]
+        ingest(api, recs, "short-1")
+
+        def final_incident():
+            items = HTTP.get(f"{api}/incidents", params={"job": "short"}).json()["items"]
+            return [i for i in items if i["kind"] == "slow_compute"]
+
+        inc = wait_for(final_incident, 60, "post-mortem straggler incident")[0]
+        assert inc["ranks"] == [6] and inc["status"] == "resolved"
+        assert HTTP.get(f"{api}/incidents/{inc['id']}").json()["resolution"] == "job finished"
+        assert HTTP.get(f"{api}/jobs/short/stragglers").json()["items"][0]["ranks"] == [6]
+        time.sleep(2)  # the dispatcher had its chance: nothing paged for a job that is over
+        assert not [p for p in receiver.payloads() if p["commonLabels"].get("job") == "short"]

@@ -42,6 +42,8 @@ SETTLED_EVERY_TICKS = 5
 in a row is re-diagnosed every this many ticks (its processes are gone; a full pass of it
 must not delay the live jobs' passes)."""
 SETTLED_AFTER_PASSES = 3
+POST_MORTEM_SKIP = frozenset({FindingKind.HANG, FindingKind.HEARTBEAT_LOST})
+"""Finding kinds the final pass of a finished job does not record (its processes exited)."""
 MIN_RECHECK_S = 0.25
 """Shortest gap between two early passes of one job (a stall due while its data is still
 on the way is re-checked this often)."""
@@ -187,11 +189,27 @@ class DiagnosisLoop(PeriodicAlertingService):
             lock.release()
 
     def close_job(self, row: Job) -> int:
-        """A finished job: resolve its open incidents (and queue their resolved alerts)."""
+        """A finished job: one last full pass over its final window (its last steps may have
+        arrived after the previous pass, or all at once from an agent that fell behind), then
+        resolve its open incidents and queue their resolved alerts.
+
+        A problem the last pass finds that no earlier pass did is recorded as an incident
+        (it shows in the job's and the hosts' history) and resolved at once, without paging:
+        nobody can act on a job that is over. Hang and heartbeat findings are left out: the
+        processes of a finished job are gone by design."""
         now = time.time_ns()
         self._due_ns.pop(row.id, None)
+        final: list = []
+        try:
+            result = diagnose_job(self.app.state.store, job_info(row), now, self.config)
+            self.latest[row.id] = result
+            final = [f for f in result.findings if f.kind not in POST_MORTEM_SKIP]
+        except Exception:
+            log.exception("final diagnosis of job %s failed", row.id)
         with self.app.state.db() as s:
+            sync_incidents(s, row.id, final, now, self.resolve_after_s, resolve_missing=False)
             changes = sync_incidents(s, row.id, [], now, self.resolve_after_s, job_finished=True)
+            # resolved alerts go only where a firing one went: the new ones page nobody
             queued = sum(enqueue_incident(s, ch.incident, now, self.base_url) for ch in changes)
         self._closed[row.id] = row.updated_ns
         self._wake_dispatcher(queued)
