@@ -10,6 +10,7 @@ batch's :class:`ColumnSpec`. Sinks that want rows get them from :meth:`Columns.r
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import chain
 from typing import Any
 
 from fleetscope.trainer_hooks.encode import ColumnEncoder
@@ -48,32 +49,53 @@ class ColumnSpec:
 
 
 class Columns:
-    """Rows of one record type: one list per non-constant column."""
+    """Rows of one record type, held as they come: chunks of columns (one sequence per
+    non-constant column, as the bulk conversion makes them) and single rows (tuples),
+    joined into one sequence per column only when encoded."""
 
-    __slots__ = ("spec", "cols", "n")
+    __slots__ = ("spec", "chunks", "pending", "n")
 
     def __init__(self, spec: ColumnSpec) -> None:
         self.spec = spec
-        self.cols: list[list[Any]] = [[] for _ in spec.names]
+        self.chunks: list[Sequence[Sequence[Any]]] = []
+        self.pending: list[Sequence[Any]] = []
         self.n = 0
 
     def extend(self, columns: Sequence[Sequence[Any]]) -> None:
-        """Add rows given column by column (one sequence per name, all of one length)."""
-        if len(columns) != len(self.cols) or len(set(map(len, columns))) != 1:
+        """Add rows given column by column (one sequence per name, all of one length;
+        kept as given, not copied)."""
+        if len(columns) != len(self.spec.names) or len(set(map(len, columns))) != 1:
             raise ValueError(f"{self.spec.record_type}: ragged columns")
-        n = len(columns[0])
-        for dst, src in zip(self.cols, columns):
-            dst.extend(src)
-        self.n += n
+        if self.pending:
+            self._seal()
+        self.chunks.append(columns)
+        self.n += len(columns[0])
 
     def append(self, values: Sequence[Any]) -> None:
         """Add one row given as values in ``spec.names`` order."""
-        if len(values) != len(self.cols):
+        if len(values) != len(self.spec.names):
             raise ValueError(f"{self.spec.record_type}: {len(values)} values for "
-                             f"{len(self.cols)} columns")
-        for dst, v in zip(self.cols, values):
-            dst.append(v)
+                             f"{len(self.spec.names)} columns")
+        self.pending.append(values)
         self.n += 1
+
+    def _seal(self) -> None:
+        self.chunks.append(tuple(zip(*self.pending)))
+        self.pending = []
+
+    @property
+    def cols(self) -> Sequence[Sequence[Any]]:
+        """One sequence of all values per name in ``spec.names``."""
+        if self.pending:
+            self._seal()
+        chunks = self.chunks
+        if len(chunks) != 1:
+            if not chunks:
+                return [[] for _ in self.spec.names]
+            merged = tuple(list(chain.from_iterable(c[i] for c in chunks))
+                           for i in range(len(self.spec.names)))
+            self.chunks = chunks = [merged]
+        return chunks[0]
 
     def __len__(self) -> int:
         return self.n

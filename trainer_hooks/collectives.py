@@ -298,8 +298,9 @@ def traced(name: str, fn: Any) -> Any:
     and failed ops go through an :class:`Op` (completion or device events come later).
     """
     spec = _SPECS[name]
-    kind = spec[0]
-    async_spec = spec[3]
+    kind, (tensor_at, tensor_key), (group_at, group_key), async_spec, _ = (
+        spec[0], spec[1] or (1 << 30, ""), *spec[2:])
+    p2p = spec[4] is not None
     always_async = async_spec is True
     async_at, async_key = async_spec if isinstance(async_spec, tuple) else (0, "")
 
@@ -309,17 +310,35 @@ def traced(name: str, fn: Any) -> Any:
             return fn(*args, **kwargs)
         t_in = perf_ns()
         try:
-            g, opname, seq, peer, nbytes, dtype = _describe(rec, name, spec, args, kwargs)
+            if p2p:
+                g, opname, seq, peer, nbytes, dtype = _describe(rec, name, spec, args, kwargs)
+            else:  # inline: the hot path (tensor-parallel all-reduces)
+                group = args[group_at] if len(args) > group_at else kwargs.get(group_key)
+                g = rec.groups.get(id(group) if group is not None else 0)
+                if g is None:
+                    g = group_info(rec, group)
+                tensor = args[tensor_at] if len(args) > tensor_at else kwargs.get(tensor_key)
+                if tensor is None or tensor.__class__ in (list, tuple):
+                    nbytes, dtype = _payload(tensor)
+                else:
+                    nbytes = tensor.nbytes
+                    dtype = _DTYPES.get(tensor.dtype) or _dtype(tensor.dtype)
+                seq = g.seq = g.seq + 1
+                opname, peer = name, -1
         except Exception:  # unknown group, odd arguments: never fail the caller
             return fn(*args, **kwargs)
         is_async = always_async or (async_key != "" and bool(
             args[async_at] if len(args) > async_at else kwargs.get(async_key, False)))
         step, mb, cuda = rec.step, rec.microbatch, rec.cuda
         t = perf_ns()
-        ev0 = cuda.event() if cuda is not None else None
         stack = rec.stack
         stack.append((kind, opname, g.group_id, g.axis, seq, peer, t, step))
-        rec.overhead_ns += perf_ns() - t_in
+        if cuda is None:
+            ev0 = None
+            rec.overhead_ns += t - t_in
+        else:
+            ev0 = cuda.event()
+            rec.overhead_ns += perf_ns() - t_in
         rec.suppress += 1
         try:
             result = fn(*args, **kwargs)

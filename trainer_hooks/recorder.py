@@ -275,10 +275,10 @@ class Recorder:
         one_by_one: list[tuple] = []
         for item in items:
             kind = item[0]
-            if kind == "S" and item[8] is None:
-                secs.append(item)
-            elif kind == "c":  # a synchronous op on CPU, already flat
+            if kind == "c":  # a synchronous op on CPU, already flat
                 colls.append(item)
+            elif kind == "S" and item[8] is None:
+                secs.append(item)
             elif kind == "C" and item[1].ev1 is None:
                 colls.append(("C", *_OP_FIELDS(item[1])))
             else:
@@ -340,10 +340,14 @@ class Recorder:
     def _append(self, record_type: str, values: tuple) -> None:
         """Add one row (values in ``_NAMES[record_type]`` order)."""
         batch = self.rows.get(record_type)
+        if batch is None:
+            batch = self.rows[record_type] = Columns(self._specs[record_type])
         if batch.__class__ is Columns:
             batch.append(values)
-        else:
-            self._extend(record_type, tuple((v,) for v in values))
+        else:  # rows of this type were emitted as dicts in this flush: stay dicts
+            more = Columns(self._specs[record_type])
+            more.append(values)
+            batch.extend(more.rows())
 
     def _add(self, record_type: str, row: dict[str, Any]) -> None:
         """Add one row given as a dict (``emit``, metrics)."""
