@@ -215,3 +215,106 @@ def test_a_write_cut_short_counts_only_the_frames_it_did_not_finish(tmp_path):
     assert [f.corrupt for f in frames] == [False, True]  # the torn tail is skipped
     table = codec.ipc_to_table(frames[0].payload)
     assert table.to_pylist()[0]["name"] == "forward"
+
+
+@pytest.mark.parametrize("name", ["sections", "collectives", "steps", "inflight"])
+def test_columns_encode_the_same_stream_as_their_rows(name):
+    """The background thread's column batches (constant job/rank/host, bulk chunks and
+    single rows, trusted and checked columns) decode to exactly what the codec makes of
+    the same rows; values the fast path must not pack (bool, numpy-like, float in an int
+    column, non-str) take the checking path and name the row there."""
+    from fleetscope.trainer_hooks.batch import Columns, ColumnSpec
+    from fleetscope.trainer_hooks.recorder import _NAMES, _TRUSTED
+
+    rt = RECORD_TYPES[name]
+    rnd = random.Random(name)
+    names = _NAMES[name]
+    spec = ColumnSpec(name, {"job": "jöb", "attempt": 2, "rank": 7, "host": "h"}, names,
+                      _TRUSTED[name])
+    types = {c.name: c.type for c in rt.columns}
+    for n_chunks, n_single in ((1, 0), (0, 1), (2, 3), (3, 1)):
+        batch = Columns(spec)
+        for _ in range(n_chunks):
+            k = rnd.randint(1, 40)
+            batch.extend([[_value(rnd, types[c]) for _ in range(k)] for c in names])
+        for _ in range(n_single):
+            batch.append(tuple(_value(rnd, types[c]) for c in names))
+        rows = batch.rows()
+        assert len(rows) == len(batch)
+        got = codec.ipc_to_table(batch.ipc_stream())
+        want = codec.rows_to_table(rt, rows)
+        assert got.schema.equals(want.schema, check_metadata=True)
+        assert repr(got.to_pylist()) == repr(want.to_pylist())
+    unchecked = [c for c in names if c not in _TRUSTED[name]]
+    for bad in (True, 1.5, None, b"x"):  # into a column holding what users pass
+        batch = Columns(spec)
+        batch.append(tuple(_value(rnd, types[c]) for c in names))
+        values = [_value(rnd, types[c]) for c in names]
+        values[names.index(unchecked[0])] = bad
+        batch.append(tuple(values))
+        with pytest.raises(codec.BatchError, match=rf"{name}\[1\]"):
+            batch.ipc_stream()
+
+
+class _TeeSpoolSink(hooks.SpoolSink):
+    """A real SpoolSink that also keeps, as rows, every batch it was asked to write."""
+
+    def __init__(self, directory) -> None:
+        super().__init__(directory)
+        self.kept: dict[str, list[dict]] = {}
+
+    def write_many(self, batches):
+        from fleetscope.trainer_hooks.batch import rows_of
+
+        for name, batch in batches.items():
+            self.kept.setdefault(name, []).extend(rows_of(batch))
+        return super().write_many(batches)
+
+
+def test_recorded_rows_are_the_same_in_memory_and_in_the_spool(tmp_path):
+    """What the hooks record (sections, sync, async and p2p collectives, steps with and
+    without extra info, in-flight rows, emitted rows) reaches the spool with exactly the
+    values of the rows the recorder handed the sink."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from fleetscope.trainer.launcher import free_port
+    from fleetscope.trainer_hooks import collectives
+    from fleetscope.trainer_hooks.reader import read_job
+
+    from fleetscope.topology import Topology
+
+    if not dist.is_initialized():
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    sink = _TeeSpoolSink(tmp_path)
+    send = collectives.traced("send", lambda *a, **k: None)  # no peer in a 1-rank group
+    try:
+        hooks.init(job="tee", rank=0, topology=Topology(), sink=sink, config=FAST)
+        t = torch.ones(16)
+        for step in range(4):
+            with hooks.step(step, num_microbatches=2, **({"tokens": 64} if step % 2 else {})):
+                for mb in range(2):
+                    with hooks.section("forward", microbatch=mb):
+                        dist.all_reduce(t)
+                        dist.all_gather([torch.empty(16)], t)
+                    send(t, 1)
+                with hooks.section("grad_sync", kind="other"):
+                    dist.all_reduce(t, async_op=True).wait()
+                    time.sleep(0.03)
+                hooks.emit("log_events", source="test", kind="note", message=f"step {step}")
+        hooks.shutdown()
+    finally:
+        dist.destroy_process_group()
+    spooled = read_job(tmp_path, "tee")
+    assert {"sections", "collectives", "steps", "inflight", "metrics", "log_events"} <= set(spooled)
+    for name, rows in sink.kept.items():
+        want = codec.rows_to_table(RECORD_TYPES[name], rows).to_pylist()
+        assert repr(spooled[name]) == repr(want), name
+    colls = spooled["collectives"]
+    assert len(colls) == 4 * (2 * 3 + 1)
+    assert {(c["op"], c["state"]) for c in colls} == {
+        ("all_reduce", "completed"), ("all_gather", "completed"), ("send", "completed")}
+    assert [c["seq"] for c in colls if c["op"] == "send"] == list(range(1, 9))
+    assert all(c["rank"] == 0 and c["job"] == "tee" and c["completed_ns"] >= c["enqueued_ns"]
+               for c in colls)
+    assert [s["tokens"] for s in spooled["steps"]] == [0, 64, 0, 64]
