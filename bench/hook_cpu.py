@@ -8,7 +8,8 @@ on a 1-rank gloo group and measures with ``time.thread_time_ns`` (CPU of one thr
 which other load on the machine hardly moves):
 
 * training thread: CPU of the step's hooked calls (sections, step marker, traced
-  ``all_reduce``/``all_gather``, p2p records), hooks on minus hooks off, per step;
+  ``all_reduce``/``all_gather``, p2p ops), the median step with hooks on minus the
+  median with hooks off (steps alternate between the two);
 * background thread: the same wake-up schedule as the real thread (a virtual clock:
   steps of ``--step-ms``, drain + in-flight + flush every 0.5 s, metrics every 5 s)
   driven on this thread, CPU per step split by task (drain/convert, in-flight,
@@ -94,19 +95,11 @@ def measure(steps: int, step_ms: float, repeats: int, profile: bool, with_gc: bo
         gc.collect()  # code allocates when it is due: measure our code without it
         gc.disable()
     try:
-        # training thread, hooks off (same calls, untraced)
-        def loop(n: int) -> float:
-            t0 = CLOCK()
-            for s in range(n):
-                _workload(hooks, dist, collectives, torch, s, small, parts)
-            return (CLOCK() - t0) / n
-
-        for _ in range(3):
-            loop(20)  # warm up
-        off = min(loop(steps) for _ in range(repeats))
-
+        for s in range(60):  # warm up
+            _workload(hooks, dist, collectives, torch, s, small, parts)
+        off_steps: list[int] = []
+        on_steps: list[int] = []
         tasks = {"drain": 0, "inflight": 0, "metrics": 0, "flush": 0}
-        on_runs = []
         counts: dict[str, int] = {}
         wakeups = 0
         lost = 0
@@ -115,9 +108,17 @@ def measure(steps: int, step_ms: float, repeats: int, profile: bool, with_gc: bo
                                inflight_interval_s=3600, metrics_interval_s=3600,
                                reanchor_interval_s=3600)
         with tempfile.TemporaryDirectory() as d:  # warm-up: one-time imports and caches
-            rec = hooks.init(job="warm", rank=3, spool=d, config=cfg)
+            rec = hooks.init(job="cpu", rank=3, topology=Topology(dp=2, tp=2, pp=2),
+                             spool=d, config=cfg)
+            while not rec._sink_open and rec.stats()["worker_alive"]:
+                time.sleep(0.001)
+            rec._metrics_prev = (time.monotonic_ns(), 0)
             for s in range(3):
                 _workload(hooks, dist, collectives, torch, s, small, parts)
+            rec._drain()
+            rec._inflight()
+            rec._metrics()
+            rec._flush()
             hooks.shutdown()
         for rep in range(repeats):
             d = tempfile.mkdtemp()
@@ -126,13 +127,21 @@ def measure(steps: int, step_ms: float, repeats: int, profile: bool, with_gc: bo
             while not rec._sink_open and rec.stats()["worker_alive"]:
                 time.sleep(0.001)  # the background thread opens the sink, then sleeps
             rec._metrics_prev = (time.monotonic_ns(), 0)
-            train = 0
             bg = dict.fromkeys(tasks, 0)
             vnow, next_wake, next_metrics = 0.0, 0.5, 1.0
             for s in range(steps):
+                # a step with hooks off (nothing wrapped, no recorder), then one with them
+                # on: interleaved, so drifting load or clock speed hits both alike
+                hooks.state.recorder = None
+                collectives.uninstall()
                 t0 = CLOCK()
                 _workload(hooks, dist, collectives, torch, s, small, parts)
-                train += CLOCK() - t0
+                off_steps.append(CLOCK() - t0)
+                collectives.install()
+                hooks.state.recorder = rec
+                t0 = CLOCK()
+                _workload(hooks, dist, collectives, torch, s, small, parts)
+                on_steps.append(CLOCK() - t0)
                 vnow += step_ms / 1e3
                 while next_wake <= vnow:  # the real thread's order: drain, inflight, metrics, flush
                     wakeups += rep == 0
@@ -151,7 +160,6 @@ def measure(steps: int, step_ms: float, repeats: int, profile: bool, with_gc: bo
                     if next_metrics <= next_wake:
                         next_metrics += 5.0
                     next_wake += 0.5
-            on_runs.append(train / steps)
             for k in tasks:
                 tasks[k] = bg[k] if rep == 0 else min(tasks[k], bg[k])
             st = rec.stats()
@@ -164,7 +172,7 @@ def measure(steps: int, step_ms: float, repeats: int, profile: bool, with_gc: bo
 
                 rows = read_job(d, "cpu")
                 counts = {k: len(v) for k, v in rows.items()}
-        on = min(on_runs)
+        off, on = statistics.median(off_steps), statistics.median(on_steps)
         out.update(train_off_us=off / 1e3, train_on_us=on / 1e3, train_hooks_us=(on - off) / 1e3,
                    bg_us={k: v / steps / 1e3 for k, v in tasks.items()},
                    counts=counts, wakeups_per_step=wakeups / steps, lost=lost, profile=prof)

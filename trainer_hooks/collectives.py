@@ -195,7 +195,7 @@ def finish(rec: Recorder, op: Op, failed: bool = False) -> None:
         op.state = "failed"
     elif rec.cuda is not None:
         op.ev1 = rec.cuda.event()
-    rec.enqueue(("C", op))
+    rec.enqueue_op(("C", op))
 
 
 class TracedWork:
@@ -240,7 +240,7 @@ class TracedWork:
                 op.t_done = t1
                 if rec.cuda is not None:
                     op.ev1 = rec.cuda.event()
-                rec.enqueue(("C", op))
+                rec.enqueue_op(("C", op))
         self._ops = ()
         rec.overhead_ns += perf_ns() - t1
 
@@ -250,7 +250,7 @@ class TracedWork:
 
 def _track_async(rec: Recorder, op: Op, work: Any) -> None:
     if work is None:
-        rec.enqueue(("C", op))
+        rec.enqueue_op(("C", op))
         return
     op.work, op.key = work, next(_keys)
     if len(rec.pending_async) < rec.config.max_pending:
@@ -361,9 +361,9 @@ def traced(name: str, fn: Any) -> Any:
             else:
                 op.t_done = t_out
                 op.ev1 = cuda.event()
-                rec.enqueue(("C", op))
+                rec.enqueue_op(("C", op))
         else:
-            q = rec.queue
+            q = rec.ops
             if len(q) < rec.capacity:
                 q.append(("c", opname, g, seq, step, mb, nbytes, dtype, peer, t, t_out,
                           "completed"))

@@ -57,6 +57,7 @@ _ALLOWED = {"q": frozenset({int}), "i": frozenset({int}), "d": frozenset({int, f
 _BOOLS = frozenset({0, 1})
 _MAX_SHAPES = 256
 _layouts: dict[str, tuple] = {}
+_compiled: dict[tuple, Callable] = {}
 
 
 class _Slow(Exception):
@@ -248,7 +249,14 @@ class ColumnEncoder:
             raise ValueError(f"record type {rt.name!r} has no column(s) {sorted(unknown)}")
         self.rt = rt
         self.lay = _layout(rt)
-        self.fn = _compile(self.lay, tuple(names), dict(consts), frozenset(trusted))
+        key = (rt.name, tuple(names), tuple((k, type(v), v) for k, v in consts.items()),
+               frozenset(trusted))
+        fn = _compiled.get(key)
+        if fn is None:  # ~1 ms of exec per record type: once per process and shape
+            if len(_compiled) >= _MAX_SHAPES:
+                _compiled.clear()
+            fn = _compiled[key] = _compile(self.lay, key[1], dict(consts), key[3])
+        self.fn = fn
 
     def stream(self, cols: Sequence[Sequence[Any]], n: int,
                rows: Callable[[], list[dict[str, Any]]]) -> bytes:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from operator import attrgetter, sub
+from operator import attrgetter, itemgetter, sub
 from typing import Any
 
 from fleetscope.trainer_hooks.batch import Columns, ColumnSpec, rows_of
@@ -43,12 +43,14 @@ _TRUSTED = {
     "steps": frozenset({"step", "start_ns", "end_ns", "duration_ns"}),
     "inflight": frozenset({"ts_ns", "step", "seq", "peer", "since_ns"}),
 }
-_STEP_INFO = {"num_microbatches": 0, "tokens": 0, "loss": float("nan")}
+_NAN = float("nan")
+_STEP_INFO = {"num_microbatches": 0, "tokens": 0, "loss": _NAN}
 """The ``steps`` columns ``step(n, **info)`` fills, with their defaults."""
 # An Op as the flat tuple a synchronous CPU op is queued as (after its "c"/"C" tag).
 _OP_FIELDS = attrgetter("name", "group", "seq", "step", "mb", "nbytes", "dtype", "peer", "t_enq",
                         "t_done", "state")
 _GROUP_ROW = attrgetter("row")
+_TAG = itemgetter(0)
 
 SECTION_KINDS = {"forward": "compute", "backward": "compute", "dataloader": "dataloader",
                  "optimizer": "optimizer"}
@@ -100,6 +102,11 @@ class Recorder:
         self.microbatch = -1
         self.stack: list[tuple] = []
         self.queue: deque = deque()
+        """Sections, steps, emitted rows (tagged tuples, see ``_convert``)."""
+        self.ops: deque = deque()
+        """Collectives and p2p ops: ``("c", ...)`` flat tuples (synchronous, CPU) or
+        ``("C", Op)``. Bounded like ``queue``; a queue of its own, so the background
+        thread converts a step's ops in bulk without sorting them out of the rest."""
         self.capacity = self.config.queue_capacity
         self.dropped = 0
         self.overhead_ns = 0
@@ -143,6 +150,12 @@ class Recorder:
         else:
             self.queue.append(item)
 
+    def enqueue_op(self, item: tuple) -> None:
+        if len(self.ops) >= self.capacity:
+            self.dropped += 1
+        else:
+            self.ops.append(item)
+
     def begin_step(self, n: int, t: int) -> None:
         self.end_step(t)
         self.step, self.step_open, self.step_info = int(n), (int(n), t), {}
@@ -163,7 +176,7 @@ class Recorder:
             "dropped_records": self.dropped + self.sink_dropped,
             "queue_dropped": self.dropped, "sink_dropped": self.sink_dropped,
             "sink_errors": self.sink_errors, "worker_errors": self.worker_errors,
-            "records_written": self.records_written, "queue_len": len(self.queue),
+            "records_written": self.records_written, "queue_len": len(self.queue) + len(self.ops),
             "pending": len(self.waiting) + len(self.pending_async),
             "worker_cpu_ns": self.worker_cpu_ns, "worker_wakeups": self.wakeups,
             "worker_alive": bool(self._thread and self._thread.is_alive()),
@@ -252,13 +265,14 @@ class Recorder:
             self.last_error = f"sink.open: {e!r}"[:500]
 
     def _drain(self) -> None:
-        q = self.queue
+        q, o = self.queue, self.ops
         items = [q.popleft() for _ in range(len(q))]
+        ops = [o.popleft() for _ in range(len(o))]
         waiting = self.waiting
         self.waiting = []
-        late = self._convert_all(items) if items else []
+        late = self._convert_all(items, ops) if items or ops else []
         if waiting:  # older items waiting for their CUDA events: still waiting go first
-            self.waiting = self._convert_all(waiting)
+            self.waiting = self._convert_all(waiting, [])
         room = self.config.max_pending - len(self.waiting)
         if len(late) > room:
             self.dropped += len(late) - max(0, room)
@@ -267,23 +281,35 @@ class Recorder:
         if self.pending_async:
             self._poll_async()
 
-    def _convert_all(self, items: list[tuple]) -> list[tuple]:
+    def _convert_all(self, items: list[tuple], ops: list[tuple]) -> list[tuple]:
         """Turn queue items into rows, column by column in bulk where no CUDA event is
         involved; returns the items whose events are not done yet (in order)."""
         secs: list[tuple] = []
         colls: list[tuple] = []
         one_by_one: list[tuple] = []
+        if ops and set(map(_TAG, ops)) == {"c"}:  # synchronous CPU ops only: as they are
+            colls = ops
+        else:
+            items = ops + items
+        steps: list[tuple] = []
+        epoch = self.cpu.offset_ns.__add__  # perf_counter ns -> epoch ns
         for item in items:
             kind = item[0]
             if kind == "c":  # a synchronous op on CPU, already flat
                 colls.append(item)
             elif kind == "S" and item[8] is None:
                 secs.append(item)
+            elif kind == "T" and item[4].keys() <= _STEP_INFO.keys():
+                _, n, t0, t1, info = item
+                steps.append((n, epoch(t0), epoch(t1), t1 - t0,
+                              info.get("num_microbatches", 0), info.get("tokens", 0),
+                              info.get("loss", _NAN)))
             elif kind == "C" and item[1].ev1 is None:
                 colls.append(("C", *_OP_FIELDS(item[1])))
             else:
                 one_by_one.append(item)
-        epoch = self.cpu.offset_ns.__add__  # perf_counter ns -> epoch ns
+        if steps:
+            self._extend("steps", tuple(zip(*steps)))
         if secs:
             _, names, kinds, steps, mbs, t0s, t1s, _, _ = zip(*secs)
             self._extend("sections", (
@@ -323,7 +349,7 @@ class Recorder:
                 finished = True
             if finished and self.pending_async.pop(key, None) is not None:
                 op.t_done = perf_ns()
-                self.enqueue(("C", op))
+                self.enqueue_op(("C", op))
 
     def _extend(self, record_type: str, columns: tuple) -> None:
         """Add rows (given column by column, in ``_NAMES[record_type]`` order)."""
