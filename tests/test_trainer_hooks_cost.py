@@ -318,3 +318,37 @@ def test_recorded_rows_are_the_same_in_memory_and_in_the_spool(tmp_path):
     assert all(c["rank"] == 0 and c["job"] == "tee" and c["completed_ns"] >= c["enqueued_ns"]
                for c in colls)
     assert [s["tokens"] for s in spooled["steps"]] == [0, 64, 0, 64]
+
+
+def test_bulk_and_one_by_one_conversion_make_the_same_rows():
+    """The background thread converts a wake-up's queue in bulk (columns at once) and
+    items that waited for CUDA events one at a time; both give the same rows."""
+    from fleetscope.trainer_hooks.collectives import GroupInfo, Op
+    from fleetscope.trainer_hooks.recorder import Recorder, perf_ns
+
+    from fleetscope.topology import Topology
+
+    group = GroupInfo(None, "tp.pp0.dp0", "tp", [0, 1], 1)
+    t = perf_ns()
+    flat = [("c", "all_reduce", group, k, 3, k % 2, 4096, "float32", -1, t + k, t + 2 * k + 5,
+             "completed") for k in range(5)]
+    sync = Op("send", group, 1, 3, 0, 64, "bfloat16", 0, t)
+    sync.t_done = t + 9
+    unseen = Op("recv", group, 1, 3, 1, 64, "bfloat16", 0, t)  # async, never seen completing
+    items = [("S", "forward", "compute", 3, k, t + k, t + 10 * k + 1, None, None) for k in range(3)]
+    items.append(("T", 3, t, t + 100, {"tokens": 8, "loss": 0.25}))
+    ops = flat + [("C", sync), ("C", unseen)]
+    rows = {}
+    for how in ("bulk", "one by one"):
+        rec = Recorder("j", 1, hooks.MemorySink(), topology=Topology(tp=2), config=FAST)
+        rec.cpu.offset_ns = 10**18
+        if how == "bulk":
+            assert rec._convert_all(list(items), list(ops)) == []
+        else:
+            assert all(rec._convert(item) for item in ops + items)
+        rows[how] = {rt: sorted(batch, key=repr) for rt, batch in rec.rows.items()}
+    assert rows["bulk"] == rows["one by one"]
+    colls = rows["bulk"]["collectives"]
+    assert len(colls) == 7 and {c["state"] for c in colls} == {"completed", "started"}
+    (started,) = [c for c in colls if c["state"] == "started"]
+    assert started["op"] == "recv" and started["completed_ns"] == started["duration_ns"] == -1

@@ -9,10 +9,17 @@ together directly in the Arrow IPC streaming format:
 * the record type's schema message, serialised by pyarrow once and cached;
 * one record-batch message: its flatbuffer metadata (a fixed layout: ``Message`` ->
   ``RecordBatch`` with one ``FieldNode`` per column and the ``Buffer`` list) packed with
-  ``struct``, then the body: the columns' buffers, 8-byte aligned, packed with one
-  ``array`` per numeric type and one ``encode`` pass over the strings (no validity
-  bitmaps: the schema's columns are non-nullable);
+  ``struct``, then the body: all fixed-size buffers (numeric columns, then the string
+  columns' int32 offsets) packed by one ``Struct`` per row count, then the strings' UTF-8
+  data, every buffer 8-byte aligned; the ``Buffer`` list (in schema order, as readers
+  expect) says where each one is (no validity bitmaps: the columns are non-nullable);
 * the end-of-stream marker.
+
+The packing code is generated per record type and batch shape (:func:`_compile`):
+straight-line Python with no per-column loop at run time. :class:`ColumnEncoder` packs
+the background thread's column batches (constant columns such as job and rank packed
+once per frame, the columns the recorder computes itself not type-checked);
+:func:`ipc_stream` packs row dicts, checking every value.
 
 Readers (pyarrow, the agent, ``codec.ipc_to_table``) get the same schema and values as
 from ``codec.table_to_ipc`` for these rows. Values the fast path cannot pack (wrong

@@ -389,7 +389,11 @@ class Recorder:
         """Turn one queue item into a row; False while its CUDA events are not done."""
         kind = item[0]
         cpu = self.cpu.to_epoch
-        if kind == "S":
+        if kind == "c":  # normally converted in bulk (``_convert_all``)
+            _, name, g, seq, step, mb, nbytes, dtype, peer, t0, t1, state = item
+            self._append("collectives", (step, mb, *g.row, seq, name, nbytes, dtype, peer, state,
+                                         cpu(t0), cpu(t0), cpu(t1), t1 - t0))
+        elif kind == "S":
             _, name, skind, step, mb, t0, t1, ev0, ev1 = item
             device_ns = -1
             if ev1 is not None:
