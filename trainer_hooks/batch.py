@@ -110,7 +110,9 @@ class Columns:
 
     def ipc_stream(self) -> bytes:
         """The rows as one uncompressed Arrow IPC stream (see :mod:`.encode`)."""
-        return self.spec.encoder.stream(self.cols, self.n, self.rows)
+        spec = self.spec
+        encoder = spec._encoder or spec.encoder
+        return encoder.stream(self.cols, self.n, self.rows)
 
 
 def rows_of(batch: Any) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +19,9 @@ from fleetscope.trainer_hooks.encode import ipc_stream
 
 from fleetscope import spool
 from fleetscope.schema import record_type as lookup
+
+_HEADER = spool.HEADER.pack  # a frame: header (magic, payload length, crc32), payload
+_HEADER_SIZE = spool.HEADER.size
 
 
 class Sink(Protocol):
@@ -115,21 +119,24 @@ class SpoolSink:
         a failed write's end are on disk and count as written).
         """
         failed: dict[str, Exception] = {}
-        frames: list[tuple[str, bytes]] = []
+        frames: list[tuple[str, int]] = []  # (record type, frame size)
+        parts: list[bytes] = []  # each frame's header and payload
         for name, rows in batches.items():
             if not rows:
                 continue
             try:
-                if isinstance(rows, Columns):
+                if rows.__class__ is Columns:
                     payload = rows.ipc_stream()
                 else:
                     payload = ipc_stream(lookup(name), rows)
-                frames.append((name, spool.encode_frame(payload)))
             except Exception as e:
                 failed[name] = e
+                continue
+            parts += (_HEADER(spool.MAGIC, len(payload), zlib.crc32(payload)), payload)
+            frames.append((name, _HEADER_SIZE + len(payload)))
         if not frames:
             return failed
-        size = sum(len(f) for _, f in frames)
+        size = sum(n for _, n in frames)
         done = 0
         try:
             if self._file is None:
@@ -138,7 +145,7 @@ class SpoolSink:
                 self._rotate()
             if self._size and self._size + size > self.segment_bytes:
                 self._rotate()
-            data = memoryview(b"".join(f for _, f in frames))
+            data = memoryview(b"".join(parts))
             while done < size:  # an unbuffered write may be partial (e.g. interrupted)
                 n = self._file.write(data[done:])
                 if not n:
@@ -147,8 +154,8 @@ class SpoolSink:
                 self._size += n
         except OSError as e:
             end = 0
-            for name, frame in frames:
-                end += len(frame)
+            for name, n in frames:
+                end += n
                 if end > done:
                     failed[name] = e
         return failed
