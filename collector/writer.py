@@ -123,6 +123,9 @@ class IngestWriter:
         self.retry_after_s = retry_after_s
         self.clock_offsets: dict[str, dict[str, int]] = {}
         """host -> {"offset_ns", "updated_ns"}: the last clock offset each host sent."""
+        self.host_seen_ns: dict[str, int] = {}
+        """host -> server time of the latest batch received from it (its agent is alive
+        and shipping, however far behind its records are)."""
         self.stats: dict[str, float] = {
             "batches": 0, "rows": 0, "inserts": 0, "duplicates": 0, "rejected_429": 0,
             "groups": 0, "write_s": 0.0, "lookup_s": 0.0, "insert_s": 0.0,

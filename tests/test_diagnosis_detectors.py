@@ -295,6 +295,14 @@ def test_heartbeat_loss_and_dead_process():
     # everything from h2 is equally late: ingest lag, not a lost agent
     lagging = detect_heartbeat_loss("j", hb, NOW, host_data_ns={"h2": NOW - 55 * 10**9})
     assert {f.hosts[0] for f in lagging} == {"h1"}
+    # h2's agent delivered a batch 3 s ago: alive, only its heartbeat thread is behind
+    # (a CPU-starved host); one that last delivered a minute ago is silent
+    seen = detect_heartbeat_loss("j", hb, NOW, host_data_ns={"h2": NOW},
+                                 host_seen_ns={"h2": NOW - 3 * 10**9})
+    assert {f.hosts[0] for f in seen} == {"h1"}
+    silent = detect_heartbeat_loss("j", hb, NOW, host_data_ns={"h2": NOW},
+                                   host_seen_ns={"h2": NOW - 60 * 10**9})
+    assert {f.hosts[0] for f in silent} == {"h1", "h2"}
 
 
 def test_hardware_errors_joined_to_ranks():

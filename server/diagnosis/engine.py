@@ -92,7 +92,7 @@ def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
     if not frames.steps.empty:
         host_data = {str(h): int(t) for h, t in frames.steps.groupby("host")["end_ns"].max().items()}
     lost = detect_heartbeat_loss(info.job, frames.heartbeats, now_ns, hc.heartbeat_stale_s,
-                                 host_data_ns=host_data)
+                                 host_data_ns=host_data, host_seen_ns=frames.host_seen_ns)
     hang_finding = hang.to_finding()
     if hang_finding is None:
         return hang, lost

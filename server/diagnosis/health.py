@@ -30,14 +30,17 @@ HW_METRIC_PATTERNS = ("xid", "ecc", "throttle", "carrier", "flap", "link_down", 
 
 def detect_heartbeat_loss(
     job: str, heartbeats: pd.DataFrame, now_ns: int, stale_s: float = 15.0, min_dead_s: float = 5.0,
-    host_data_ns: dict[str, int] | None = None,
+    host_data_ns: dict[str, int] | None = None, host_seen_ns: dict[str, int] | None = None,
 ) -> list[Finding]:
     """One finding per host whose agent went silent or whose rank processes died.
 
     ``host_data_ns`` (host -> newest telemetry time stored from it) separates a silent
     agent from ingest lag: heartbeats count as lost only when they are ``stale_s`` older
-    than the host's other telemetry. A host gone silent altogether stalls the job, which
-    the hang analysis reports with the heartbeat facts as evidence.
+    than the host's other telemetry. ``host_seen_ns`` (host -> when the server last
+    received a batch from its agent) is proof of life: an agent that delivered within
+    ``stale_s`` is not silent, even when its heartbeat thread falls behind its shipping
+    (a CPU-starved host). A host gone silent altogether stalls the job, which the hang
+    analysis reports with the heartbeat facts as evidence.
     """
     if heartbeats.empty:
         return []
@@ -49,7 +52,8 @@ def detect_heartbeat_loss(
         ranks = sorted(int(r) for r in latest["rank"] if r >= 0)
         age_s = (now_ns - last_ts) / 1e9
         behind_s = (int((host_data_ns or {}).get(str(host), now_ns)) - last_ts) / 1e9
-        if age_s > stale_s and behind_s > stale_s:
+        delivered_s = (now_ns - int((host_seen_ns or {}).get(str(host), 0))) / 1e9
+        if age_s > stale_s and behind_s > stale_s and delivered_s > stale_s:
             out.append(Finding(
                 kind=FindingKind.HEARTBEAT_LOST, job=job, ranks=tuple(ranks), score=age_s / stale_s,
                 severity=Severity.CRITICAL, hosts=(str(host),),

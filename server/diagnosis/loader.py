@@ -7,7 +7,7 @@ signals of the job's hosts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -126,6 +126,9 @@ class JobFrames:
     metrics: pd.DataFrame
     first_step: int = 0
     """First step of this attempt (its warm-up step)."""
+    host_seen_ns: dict[str, int] = field(default_factory=dict)
+    """Host -> server time of the latest batch its agent delivered (filled by the server's
+    diagnosis loop; empty after a restart until the agents send again)."""
 
     @property
     def hosts(self) -> dict[int, str]:

@@ -67,9 +67,11 @@ def job_info(row: Job) -> JobInfo:
     )
 
 
-def diagnose_job(store: Any, info: JobInfo, now_ns: int, config: DiagnosisConfig) -> JobDiagnosis:
+def diagnose_job(store: Any, info: JobInfo, now_ns: int, config: DiagnosisConfig,
+                 host_seen_ns: dict[str, int] | None = None) -> JobDiagnosis:
     """Load one job's window from the store and run every detector on it."""
     frames = load_job_frames(store, info.job, now_ns, window_steps=config.stragglers.window_steps)
+    frames.host_seen_ns = dict(host_seen_ns or {})
     return diagnose(info, frames, now_ns, config)
 
 
@@ -219,7 +221,7 @@ class DiagnosisLoop(PeriodicAlertingService):
         """Diagnose one job now: incidents, alert rows, when its stall rules are next due."""
         now_ns = time.time_ns()
         info = job_info(row)
-        result = diagnose_job(self.app.state.store, info, now_ns, self.config)
+        result = diagnose_job(self.app.state.store, info, now_ns, self.config, self._host_seen())
         self.latest[info.job] = result
         self._last_tick[info.job] = self.num_ticks
         h = result.hang
@@ -246,6 +248,7 @@ class DiagnosisLoop(PeriodicAlertingService):
         info = job_info(row)
         frames = load_job_frames(self.app.state.store, info.job, now_ns,
                                  window_steps=self.config.stragglers.window_steps, hardware=False)
+        frames.host_seen_ns = self._host_seen()
         hang, findings = diagnose_hang(info, frames, now_ns, self.config)
         self._schedule(info.job, hang.due_in_s, now_ns)
         cached = self.latest.get(info.job)
@@ -259,6 +262,11 @@ class DiagnosisLoop(PeriodicAlertingService):
             queued = sum(enqueue_incident(s, ch.incident, time.time_ns(), self.base_url) for ch in changes)
         self._wake_dispatcher(queued)
         return queued
+
+    def _host_seen(self) -> dict[str, int]:
+        """Host -> when the server last received a batch from its agent (proof of life)."""
+        collector = getattr(self.app.state, "collector", None)
+        return dict(getattr(collector, "host_seen_ns", None) or {})
 
     def _schedule(self, job: str, due_in_s: float | None, now_ns: int) -> None:
         if due_in_s is None:

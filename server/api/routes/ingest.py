@@ -98,6 +98,8 @@ async def ingest(request: Request, collector: CollectorDep, settings: SettingsDe
         return _error(415, str(e))
     except BatchError as e:
         return _error(400 if is_malformed(e) else 422, str(e))
+    if host:
+        collector.host_seen_ns[host] = time.time_ns()
     if host and offset_text is not None:
         collector.clock_offsets[host] = {"offset_ns": offset, "updated_ns": time.time_ns()}
     try:
