@@ -170,17 +170,9 @@ def _peer(rec: Recorder, g: GroupInfo, args: tuple, kwargs: dict, spec: tuple) -
 
 def begin(rec: Recorder, name: str, args: tuple, kwargs: dict) -> Op:
     """Build the record of an op about to be called, and mark it in flight."""
-    kind, inp, grp, _, peer_spec = _SPECS[name]
-    g = group_info(rec, _arg(args, kwargs, grp, None))
-    nbytes, dtype = _payload(_arg(args, kwargs, inp))
-    if peer_spec is None:
-        g.seq += 1
-        seq, peer, opname = g.seq, -1, name
-    else:
-        peer = _peer(rec, g, args, kwargs, peer_spec)
-        opname = _P2P_NAME[name]
-        k = (opname, peer)
-        seq = g.p2p_seq[k] = g.p2p_seq.get(k, 0) + 1
+    spec = _SPECS[name]
+    g, opname, seq, peer, nbytes, dtype = _describe(rec, name, spec, args, kwargs)
+    kind = spec[0]
     t = perf_ns()
     op = Op(opname, g, seq, rec.step, rec.microbatch, nbytes, dtype, peer, t)
     if rec.cuda is not None:

@@ -366,14 +366,10 @@ class Recorder:
     def _append(self, record_type: str, values: tuple) -> None:
         """Add one row (values in ``_NAMES[record_type]`` order)."""
         batch = self.rows.get(record_type)
-        if batch is None:
-            batch = self.rows[record_type] = Columns(self._specs[record_type])
         if batch.__class__ is Columns:
             batch.append(values)
-        else:  # rows of this type were emitted as dicts in this flush: stay dicts
-            more = Columns(self._specs[record_type])
-            more.append(values)
-            batch.extend(more.rows())
+        else:  # first row of this flush, or rows kept as dicts: one row as columns of one
+            self._extend(record_type, tuple((v,) for v in values))
 
     def _add(self, record_type: str, row: dict[str, Any]) -> None:
         """Add one row given as a dict (``emit``, metrics)."""
