@@ -15,15 +15,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import dash
+import flask
 from dash import Input, Output, State, dcc, html
+from dash.exceptions import PreventUpdate
+from fleetscope.dashboard import plotly_bundle
 from fleetscope.dashboard.client import ApiClient
 from fleetscope.dashboard.components import message
 from fleetscope.dashboard.pages import fleet, host, incidents, job
 
 ASSETS = Path(__file__).parent / "assets"
+DCC = Path(dcc.__file__).parent
+ASYNC_CHUNKS = ("async-graph.js", "async-dropdown.js")
+"""dcc's lazily loaded components that the pages use (``dcc.Graph``, ``dcc.Dropdown``)."""
 BUSY_FLAGS = ("diag", "header", "list")
 """Callbacks with HTML/store outputs that flag themselves busy, so a live refresh
 never supersedes (and so starves) them on a slow server."""
@@ -66,40 +72,29 @@ def create_dash_app(
         title="fleetscope",
         update_title=None,
     )
-    # plotly.js (4.8 MB) is an async chunk Dash fetches only when the first graph
-    # mounts, after the layout round trips; preloading it overlaps that download with
-    # them (a cold-cache job page is interactive about a second earlier).
-    plotly_js = app.get_relative_path("/_dash-component-suites/plotly/package_data/plotly.min.js")
-    app.index_string = app.index_string.replace(
-        "{%css%}", f'<link rel="preload" href="{plotly_js}" as="script">\n        {{%css%}}', 1
+    # plotly.js and the Graph/Dropdown code are async chunks Dash fetches only when the
+    # first graph mounts; preloading them overlaps their download with the renderer's
+    # own bundles and the layout request. plotly.js is the cartesian partial bundle
+    # when it matches the installed plotly (see :mod:`.plotly_bundle`).
+    chunks = [f"dash/dcc/{c}" for c in ASYNC_CHUNKS if (DCC / c).exists()]
+    head = "".join(
+        f'<link rel="preload" href="{app.get_relative_path(f"/_dash-component-suites/{p}")}" as="script">\n        '
+        for p in chunks
     )
-    app.layout = html.Div(
-        [
-            dcc.Location(id="url", refresh=False),
-            dcc.Interval(id="refresh", interval=int(max(refresh_s, 0.5) * 1000), disabled=refresh_s == 0),
-            dcc.Store(id="tick", data=0),
-            # True while a slow, non-graph callback is in flight (set via ``running``).
-            *[dcc.Store(id=f"busy-{name}", data=False) for name in BUSY_FLAGS],
-            html.Nav(
-                [
-                    html.Span("fleetscope", className="fs-brand"),
-                    dcc.Link("Fleet", href=app.get_relative_path("/"), id="nav-fleet"),
-                    dcc.Link("Incidents", href=app.get_relative_path("/incidents"), id="nav-incidents"),
-                    dcc.Checklist(
-                        id="live-toggle",
-                        options=[{"label": f" live ({refresh_s:g} s)", "value": "live"}],
-                        value=["live"] if refresh_s > 0 else [],
-                        className="fs-live",
-                    ),
-                ],
-                className="fs-nav",
-            ),
-            html.Div(id="page", className="fs-page"),
-        ]
-    )
+    if plotly_bundle.use_partial():
+        route = plotly_bundle.route_path()
+        app.server.add_url_rule(
+            app.config.routes_pathname_prefix.rstrip("/") + route,
+            "fleetscope_plotly_js",
+            _serve_partial_plotly,
+        )
+        head += plotly_bundle.head_html(app.get_relative_path(route))
+    else:
+        full = app.get_relative_path("/_dash-component-suites/plotly/package_data/plotly.min.js")
+        head += f'<link rel="preload" href="{full}" as="script">\n        '
+    app.index_string = app.index_string.replace("{%css%}", head + "{%css%}", 1)
 
-    @app.callback(Output("page", "children"), Input("url", "pathname"), State("url", "search"))
-    def route(pathname: str | None, search: str | None):
+    def render(pathname: str | None, search: str | None):
         path = app.strip_relative_path(pathname or "/") or ""
         query = parse_query(search)
         parts = [unquote(p) for p in path.split("/") if p]
@@ -112,6 +107,69 @@ def create_dash_app(
         if parts[0] == "hosts" and len(parts) == 2:
             return host.layout(app, parts[1])
         return message(f"no page at {pathname!r}; use the links above", "error")
+
+    def shell() -> html.Div:
+        # The page of the URL the browser is on comes with the layout itself (the
+        # layout request's Referer names it): its own callbacks (the job page's
+        # heat-map and grid) start at once, one server round trip earlier than with
+        # a routing callback. Without a usable Referer the router renders it.
+        first = page_of_referrer(app)
+        return html.Div(
+            [
+                dcc.Location(id="url", refresh=False),
+                # The pathname the server rendered into ``page`` with the layout.
+                dcc.Store(id="page-rendered", data=first[0] if first else ""),
+                # Not None: a Store set to None reports a data change when it mounts.
+                dcc.Store(id="page-path", data=""),
+                dcc.Interval(id="refresh", interval=int(max(refresh_s, 0.5) * 1000), disabled=refresh_s == 0),
+                dcc.Store(id="tick", data=0),
+                # True while a slow, non-graph callback is in flight (set via ``running``).
+                *[dcc.Store(id=f"busy-{name}", data=False) for name in BUSY_FLAGS],
+                html.Nav(
+                    [
+                        html.Span("fleetscope", className="fs-brand"),
+                        dcc.Link("Fleet", href=app.get_relative_path("/"), id="nav-fleet"),
+                        dcc.Link("Incidents", href=app.get_relative_path("/incidents"), id="nav-incidents"),
+                        dcc.Checklist(
+                            id="live-toggle",
+                            options=[{"label": f" live ({refresh_s:g} s)", "value": "live"}],
+                            value=["live"] if refresh_s > 0 else [],
+                            className="fs-live",
+                        ),
+                    ],
+                    className="fs-nav",
+                ),
+                html.Div(render(*first) if first else message("loading…", "loading"), id="page",
+                         className="fs-page"),
+            ]
+        )
+
+    app.layout = shell
+
+    # In the browser: the page the server rendered into the layout needs no round trip.
+    # ``page-path`` is what the router last rendered ("": nothing yet).
+    app.clientside_callback(
+        """function (pathname, rendered, routed) {
+            const dc = window.dash_clientside;
+            if (!pathname || (!routed && pathname === rendered)) { throw dc.PreventUpdate; }
+            return pathname;
+        }""",
+        Output("page-path", "data"),
+        Input("url", "pathname"),
+        State("page-rendered", "data"),
+        State("page-path", "data"),
+    )
+
+    @app.callback(
+        Output("page", "children"),
+        Input("page-path", "data"),
+        State("url", "search"),
+        prevent_initial_call=True,
+    )
+    def route(pathname: str | None, search: str | None):
+        if not pathname:
+            raise PreventUpdate
+        return render(pathname, search)
 
     # Live refresh "ticks" only when no graph is still waiting for its previous update,
     # so a slow server is never buried under overlapping refreshes.
@@ -128,15 +186,37 @@ def create_dash_app(
         prevent_initial_call=True,
     )
 
-    @app.callback(Output("refresh", "disabled"), Input("live-toggle", "value"))
-    def toggle_live(value: list[str] | None) -> bool:
-        return refresh_s == 0 or "live" not in (value or [])
+    app.clientside_callback(
+        f"""function (value) {{ return {'true' if refresh_s == 0 else 'false'} || !(value || []).includes('live'); }}""",
+        Output("refresh", "disabled"),
+        Input("live-toggle", "value"),
+    )
 
     fleet.register(app, client)
     job.register(app, client)
     incidents.register(app, client)
     host.register(app, client)
     return app
+
+
+def _serve_partial_plotly():
+    # Versioned URL: cached for a year, like Dash's fingerprinted bundles.
+    resp = flask.send_file(plotly_bundle.PARTIAL, mimetype="text/javascript", max_age=31536000)
+    resp.headers["Cache-Control"] = "public, max-age=31536000, immutable"
+    return resp
+
+
+def page_of_referrer(app: dash.Dash) -> tuple[str, str] | None:
+    """``(pathname, search)`` of the dashboard page that requested the layout, from
+    the request's ``Referer`` (same host, under the app's path); ``None`` otherwise
+    (no request, no or a foreign Referer)."""
+    if not flask.has_request_context():
+        return None
+    ref = urlsplit(flask.request.referrer or "")
+    prefix = app.config.requests_pathname_prefix
+    if ref.netloc != flask.request.host or not (ref.path + "/").startswith(prefix):
+        return None
+    return ref.path, ("?" + ref.query if ref.query else "")
 
 
 def parse_query(search: str | None) -> dict[str, str]:

@@ -159,7 +159,7 @@ def test_host_page_data_through_a_real_server(tmp_path):
             assert "h4" in _text(selfcheck_hosts_panel(fleet))
             assert httpx.get(f"{url}/ui/", timeout=60).status_code == 200
             assert httpx.get(f"{url}/ui/hosts/h4", timeout=60).status_code == 200
-            page = _callback(url, "page.children", [{"id": "url", "property": "pathname", "value": "/ui/hosts/h4"}],
+            page = _callback(url, "page.children", [{"id": "page-path", "property": "data", "value": "/ui/hosts/h4"}],
                              [{"id": "url", "property": "search", "value": ""}])
             assert '"host-name"' in page and '"h4"' in page
             view = _callback(url, "..host-status.children...host-body.children..",

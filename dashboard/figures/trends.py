@@ -67,7 +67,7 @@ def build_hardware(data: dict[str, Any], height: int = 320) -> go.Figure:
         color = colors[per_device[s["name"]] % len(colors)]
         per_device[s["name"]] += 1
         fig.add_trace(
-            go.Scattergl(
+            go.Scatter(
                 x=[(t - t0) / 1e9 for t in s["ts_ns"]],
                 y=s["value"],
                 mode="lines+markers",
