@@ -13,7 +13,12 @@ Runs, in one go:
 Exits 1 when the downsampled heat-map is not faster than the full matrix, or when the
 job page (warm browser cache, best run) is not interactive within ``--target-s``.
 
-    .venv/bin/python bench/dashboard_load.py [--runs 2] [--target-s 3]
+``--breakdown`` adds one more cold-cache visit (not counted in the figures) that says
+where the time went: navigation, the renderer's start, the layout, each Dash callback
+(sent, answered, bytes), plotly.js loaded, heat-map and grid drawn, and main-thread long
+tasks.
+
+    .venv/bin/python bench/dashboard_load.py [--runs 2] [--target-s 3] [--breakdown]
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -81,35 +87,113 @@ def timed_get(url: str, **params) -> tuple[float, int]:
     return time.perf_counter() - t, len(r.content)
 
 
-def page_load_s(base: str, job: str, timeout_s: float = 120.0) -> tuple[float, float] | None:
-    """Navigation start -> heat-map and grid drawn, in a fresh headless Chromium:
-    (cold browser cache, warm browser cache)."""
-    import shutil
+# --breakdown only: page-side marks (performance.now() of each first sighting) and long tasks.
+MARKS_JS = """
+window.__fs = {marks: {}, longtasks: []};
+try { new PerformanceObserver(l => { for (const e of l.getEntries())
+        window.__fs.longtasks.push([Math.round(e.startTime), Math.round(e.duration)]); })
+      .observe({type: 'longtask', buffered: true}); } catch (e) {}
+(function poll() {
+  const m = window.__fs.marks, now = Math.round(performance.now());
+  const gd = id => document.querySelector('#' + id + ' .js-plotly-plot');
+  const drawn = id => { const g = gd(id); return !!(g && g.calcdata && g.data && g.data.some(
+      t => t.type === 'heatmap' && t.z && t.z.length)); };
+  const seen = {renderer: !!window.dash_renderer, page_rendered: !!document.querySelector('#heatmap'),
+                plotly_js: !!window.Plotly, heatmap_drawn: drawn('heatmap'), grid_drawn: drawn('grid')};
+  for (const k in seen) { if (seen[k] && m[k] === undefined) { m[k] = now; } }
+  if (m.heatmap_drawn === undefined || m.grid_drawn === undefined) { setTimeout(poll, 10); }
+})();
+"""
 
+
+def chromium(profile: str, perf_log: bool = False):
+    """A fresh headless Chromium (None when chromium/chromedriver are not installed)."""
     browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (browser and driver):
         return None
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    profile = tempfile.mkdtemp(prefix="fleetscope-bench-chromium-")
     opts = webdriver.ChromeOptions()
     opts.binary_location = browser
     for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
               "--disable-background-networking", "--disable-component-update", "--disable-sync",
               "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1440,900"):  # fmt: skip
         opts.add_argument(a)
-    d = webdriver.Chrome(service=Service(driver), options=opts)
+    if perf_log:
+        opts.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def wait_interactive(d, t0: float, timeout_s: float) -> float:
+    while not d.execute_script(RENDERED_JS):
+        if time.perf_counter() - t0 > timeout_s:
+            raise RuntimeError(f"job page not interactive within {timeout_s} s")
+        time.sleep(0.05)
+    return time.perf_counter() - t0
+
+
+def cold_breakdown(base: str, job: str, timeout_s: float = 120.0) -> dict | None:
+    """One cold-cache visit with page-side marks, resource timing and the Dash callbacks
+    (from Chromium's network log), all in ms since navigation start."""
+    profile = tempfile.mkdtemp(prefix="fleetscope-bench-chromium-")
+    d = chromium(profile, perf_log=True)
+    if d is None:
+        shutil.rmtree(profile, ignore_errors=True)
+        return None
+    try:
+        d.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": MARKS_JS})
+        t = time.perf_counter()
+        d.get(f"{base}/ui/jobs/{job}")
+        wall = wait_interactive(d, t, timeout_s)
+        time.sleep(0.2)
+        page = d.execute_script("""
+            const nav = performance.getEntriesByType('navigation')[0];
+            const res = performance.getEntriesByType('resource').filter(e => !e.name.includes('_dash-update'))
+              .map(e => [e.name.split('?')[0].split('/').pop(), Math.round(e.startTime), Math.round(e.responseEnd),
+                         e.encodedBodySize]);
+            return {marks: window.__fs.marks, longtasks: window.__fs.longtasks, html: Math.round(nav.responseEnd),
+                    dom_content_loaded: Math.round(nav.domContentLoadedEventEnd), resources: res,
+                    time_origin: performance.timeOrigin};""")  # fmt: skip
+        calls: dict[str, dict] = {}
+        for entry in d.get_log("performance"):
+            m = json.loads(entry["message"])["message"]
+            p = m.get("params", {})
+            if m["method"] == "Network.requestWillBeSent" and "_dash-update-component" in p["request"]["url"]:
+                body = json.loads(p["request"].get("postData") or "{}")
+                calls[p["requestId"]] = {"output": str(body.get("output", "?")).split("@")[0].strip("."),
+                                         "wall": p["wallTime"], "ts": p["timestamp"]}  # fmt: skip
+            elif m["method"] == "Network.loadingFinished" and p["requestId"] in calls:
+                c = calls[p["requestId"]]
+                c["done_ms"], c["bytes"] = round(1000 * (p["timestamp"] - c["ts"])), p["encodedDataLength"]
+        callbacks = sorted(
+            ([c["output"][:60], round(c["wall"] * 1000 - page["time_origin"]), c.get("done_ms"), c.get("bytes")]
+             for c in calls.values()),
+            key=lambda x: x[1],
+        )  # fmt: skip
+        page.pop("time_origin")
+        return {"interactive_s": round(wall, 3), **page,
+                "callbacks [output, sent ms, took ms, bytes]": callbacks,
+                "long_tasks_total_ms": sum(x[1] for x in page["longtasks"])}  # fmt: skip
+    finally:
+        d.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def page_load_s(base: str, job: str, timeout_s: float = 120.0) -> tuple[float, float] | None:
+    """Navigation start -> heat-map and grid drawn, in a fresh headless Chromium:
+    (cold browser cache, warm browser cache)."""
+    profile = tempfile.mkdtemp(prefix="fleetscope-bench-chromium-")
+    d = chromium(profile)
+    if d is None:
+        shutil.rmtree(profile, ignore_errors=True)
+        return None
     try:
         times = []
         for _ in range(2):  # first visit: cold browser cache; second: bundles cached
             t = time.perf_counter()
             d.get(f"{base}/ui/jobs/{job}")
-            while not d.execute_script(RENDERED_JS):
-                if time.perf_counter() - t > timeout_s:
-                    raise RuntimeError(f"job page not interactive within {timeout_s} s")
-                time.sleep(0.05)
-            times.append(time.perf_counter() - t)
+            times.append(wait_interactive(d, t, timeout_s))
         return tuple(times)
     finally:
         d.quit()
@@ -121,6 +205,8 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=2, help="measurements of each kind (the best is reported)")
     p.add_argument("--target-s", type=float, default=3.0,
                    help="fail when the job page (warm browser cache, best run) takes longer (default 3)")  # fmt: skip
+    p.add_argument("--breakdown", action="store_true",
+                   help="one more cold-cache visit (not counted) that prints where its time went")  # fmt: skip
     args = p.parse_args()
     if args.runs < 1 or args.target_s <= 0:
         p.error("--runs must be >= 1 and --target-s > 0")
@@ -147,6 +233,7 @@ def main() -> int:
             for name, path in (("job_header", ""), ("trend", "/trend"), ("timeline", "/timeline"))
         }
         loads = [page_load_s(base, job.job) for _ in range(args.runs)]
+        breakdown = cold_breakdown(base, job.job) if args.breakdown else None
         cold = [x[0] for x in loads if x]
         warm = [x[1] for x in loads if x]
         result = {
@@ -181,6 +268,10 @@ def main() -> int:
         print(f"job page interactive in headless Chromium: {min(warm):.3f} s with cached bundles, "
               f"{min(cold):.3f} s cold (runs: {result['page_interactive_all_s']}; target <= 3 s; "
               f"1-min load average {result['load_average_1min']} on {os.cpu_count()} CPUs)")  # fmt: skip
+    if breakdown:
+        print("cold-cache breakdown (ms since navigation start):")
+        for k, v in breakdown.items():
+            print(f"  {k}: {v}")
     print(json.dumps(result))
     failures = []
     if down[0] >= full[0]:
