@@ -25,6 +25,7 @@ from fleetscope.dashboard import plotly_bundle
 from fleetscope.dashboard.client import ApiClient
 from fleetscope.dashboard.components import message
 from fleetscope.dashboard.pages import fleet, host, incidents, job
+from fleetscope.dashboard.prefetch import Prefetcher
 
 ASSETS = Path(__file__).parent / "assets"
 DCC = Path(dcc.__file__).parent
@@ -192,8 +193,21 @@ def create_dash_app(
         Input("live-toggle", "value"),
     )
 
+    # The job page's heat-map and grid calls start with the request for the page (the
+    # browser then spends a second or more on Dash's bundles before asking for them).
+    prefetcher = Prefetcher()
+    app.server.extensions["fleetscope_prefetch"] = prefetcher
+
+    @app.server.before_request
+    def prefetch_job_views():
+        parts = page_parts(app, flask.request.path)
+        if flask.request.method == "GET" and len(parts) == 2 and parts[0] == "jobs":
+            # The request context goes along: an API URL resolved per request needs it.
+            job.prefetch(prefetcher, client, parts[1], parse_query(flask.request.query_string.decode()),
+                         wrap=flask.copy_current_request_context)
+
     fleet.register(app, client)
-    job.register(app, client)
+    job.register(app, client, prefetcher)
     incidents.register(app, client)
     host.register(app, client)
     return app
@@ -204,6 +218,14 @@ def _serve_partial_plotly():
     resp = flask.send_file(plotly_bundle.PARTIAL, mimetype="text/javascript", max_age=31536000)
     resp.headers["Cache-Control"] = "public, max-age=31536000, immutable"
     return resp
+
+
+def page_parts(app: dash.Dash, path: str) -> list[str]:
+    """Path segments of a page request below the app's routes (``[]`` for others)."""
+    prefix = app.config.routes_pathname_prefix
+    if not path.startswith(prefix):
+        return []
+    return [unquote(p) for p in path[len(prefix) :].split("/") if p]
 
 
 def page_of_referrer(app: dash.Dash) -> tuple[str, str] | None:

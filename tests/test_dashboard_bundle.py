@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 
 import pandas as pd
 import pytest
@@ -16,6 +17,10 @@ from fleetscope.dashboard.figures.grid import build_grid
 from fleetscope.dashboard.figures.heatmap import build_heatmap
 from fleetscope.dashboard.figures.timeline import build_timeline
 from fleetscope.dashboard.figures.trends import build_hardware, build_trend
+from fleetscope.dashboard.pages import job as job_page
+from fleetscope.dashboard.pages import job_callbacks
+from fleetscope.dashboard.pages.hang import EVIDENCE_ITEMS, compact
+from fleetscope.dashboard.prefetch import Prefetcher
 from fleetscope.server.store.view_queries import METRICS
 from fleetscope.server.views import grid as grid_view
 from fleetscope.server.views import heatmap as heatmap_view
@@ -137,3 +142,49 @@ def test_layout_holds_the_page_the_browser_is_on(mounted):
         shell = layout(other)  # no usable Referer: the router renders the page
         assert "heatmap" not in shell and shell["page-rendered"]["data"] == ""
         assert shell["page"]["children"]["props"]["className"] == "fs-msg fs-loading"
+
+
+def test_prefetched_results_are_used_once_and_only_while_fresh():
+    calls = []
+    p = Prefetcher(ttl_s=0.5, max_pending=2)
+    assert p.start("a", lambda: calls.append("a") or "A") and not p.start("a", lambda: "again")
+    assert p.take("a") == "A" and p.take("a") is None  # single use: the next call goes to the API
+    p.start("b", lambda: "B")
+    time.sleep(0.6)
+    assert p.take("b") is None  # stale
+    for k in "cde":  # bounded: the oldest unclaimed result is dropped
+        p.start(k, lambda k=k: k.upper())
+    assert p.pending() == 2 and p.take("c") is None and p.take("e") == "E"
+
+    def boom():
+        raise RuntimeError("API down")
+
+    p.start("f", boom)
+    assert p.take("f") is None and calls == ["a"]  # a failed prefetch: the caller calls itself
+    with pytest.raises(ValueError):
+        Prefetcher(ttl_s=0)
+
+
+def test_a_job_page_request_starts_its_heatmap_and_grid_calls():
+    app = create_dash_app("http://127.0.0.1:1", url_base_pathname="/ui/")
+    client = app.server.test_client()
+    assert client.get("/ui/").status_code == 200 and client.get("/ui/incidents").status_code == 200
+    prefetcher = app.server.extensions["fleetscope_prefetch"]
+    assert prefetcher.pending() == 0  # only job pages prefetch
+    assert client.get("/ui/jobs/j%201?metric=step&agg=mean&from=3").status_code == 200
+    view = job_page.initial_view({"metric": "step", "agg": "mean", "from": "3"})
+    keys = set(job_callbacks.first_calls(None, "j 1", view))
+    assert keys == {job_callbacks.heatmap_key("j 1", job_callbacks.heatmap_params("step", "mean", 3, None)),
+                    job_callbacks.grid_key("j 1")}  # fmt: skip
+    results = [prefetcher.take(k) for k in keys]  # the API is unreachable: explicit errors
+    assert all(r is not None and not r.ok and "unreachable" in r.error for r in results)
+
+
+def test_hang_evidence_is_cut_to_a_readable_size():
+    states = {str(r): "waiting" for r in range(12_288)} | {"7777": "running"}
+    ev = compact({"rank_states": states, "blocked_ranks": list(range(100)), "note": "x"})
+    assert len(ev["rank_states"]) == EVIDENCE_ITEMS + 2
+    assert ev["rank_states"]["…"] == f"{12_288 - EVIDENCE_ITEMS} more of 12288"
+    assert ev["rank_states"]["… entries per value"] == {"waiting": 12_287, "running": 1}
+    assert ev["blocked_ranks"][-1] == f"… {100 - EVIDENCE_ITEMS} more of 100" and ev["note"] == "x"
+    assert compact({"a": [1, 2]}) == {"a": [1, 2]}  # small evidence unchanged

@@ -7,6 +7,7 @@ culprit, the wait-for chain) is the server's; this module only lays it out.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Any
 
 from dash import html
@@ -23,6 +24,30 @@ def normalise_hang(data: Any) -> dict[str, Any] | None:
         if isinstance(data.get(key), dict):
             return data[key]
     return data
+
+
+EVIDENCE_ITEMS = 24
+"""Entries of a list or mapping shown in the evidence; a 12,288-rank job's per-rank
+maps would otherwise be a 12,288-line block the browser takes seconds to lay out."""
+
+
+def compact(x: Any, limit: int = EVIDENCE_ITEMS) -> Any:
+    """``x`` with lists and mappings longer than ``limit`` cut to their first ``limit``
+    entries plus a note of how many more there are (and, for a mapping of plain
+    values, how many entries hold each value)."""
+    if isinstance(x, dict):
+        items = list(x.items())
+        out = {k: compact(v, limit) for k, v in items[:limit]}
+        if len(items) > limit:
+            out["…"] = f"{len(items) - limit} more of {len(items)}"
+            values = [v for _, v in items]
+            if all(v is None or isinstance(v, (str, int, float, bool)) for v in values):
+                out["… entries per value"] = dict(Counter(str(v) for v in values).most_common(limit))
+        return out
+    if isinstance(x, (list, tuple)):
+        head = [compact(v, limit) for v in x[:limit]]
+        return head + ([f"… {len(x) - limit} more of {len(x)}"] if len(x) > limit else [])
+    return x
 
 
 def _label(topo: Topology | None, rank: int) -> str:
@@ -69,7 +94,7 @@ def hang_panel(hang: dict[str, Any] | None, grid: dict[str, Any] | None) -> html
             className="fs-row",
         ),
         html.H3("Evidence"),
-        html.Pre(json.dumps(hang.get("evidence") or {}, indent=2, default=str), className="fs-evidence"),
+        html.Pre(json.dumps(compact(hang.get("evidence") or {}), indent=2, default=str), className="fs-evidence"),
         className="fs-hang",
         id="hang-card",
     )

@@ -41,13 +41,21 @@ def _graph(id_: str, text: str, height: int) -> dcc.Graph:
     return dcc.Graph(id=id_, figure=message_dict(text, "loading", height=height), config=GRAPH_CONFIG)
 
 
+def initial_view(query: dict[str, str]) -> dict[str, Any]:
+    """Heat-map view state from the URL ``query``: what the page's controls start with."""
+    metric = query.get("metric", "own")
+    if metric not in dict(METRIC_OPTIONS):
+        metric = "own"
+    return {"metric": metric, "agg": query.get("agg", "max"), "from_step": _int(query, "from"),
+            "to_step": _int(query, "to")}  # fmt: skip
+
+
 def layout(app: dash.Dash, job: str, query: dict[str, str]) -> html.Div:
     """The job page for ``job``, with view state from the URL ``query``."""
     rank, step = _int(query, "rank"), _int(query, "step")
     selection: dict[str, Any] = {"rank": rank, "step": step} if rank is not None else {}
-    metric = query.get("metric", "own")
-    if metric not in dict(METRIC_OPTIONS):
-        metric = "own"
+    view = initial_view(query)
+    metric = view["metric"]
     return html.Div(
         [
             dcc.Store(id="job-id", data=job),
@@ -73,13 +81,13 @@ def layout(app: dash.Dash, job: str, query: dict[str, str]) -> html.Div:
                             id="metric", options=[{"label": b, "value": a} for a, b in METRIC_OPTIONS],
                             value=metric, clearable=False, style={"width": "230px"})]),
                         html.Div([html.Label("cell aggregate"), dcc.Dropdown(
-                            id="agg", options=["max", "mean", "min"], value=query.get("agg", "max"),
+                            id="agg", options=["max", "mean", "min"], value=view["agg"],
                             clearable=False, style={"width": "100px"})]),
                         html.Div([html.Label("from step"), dcc.Input(
-                            id="from-step", type="number", min=0, value=_int(query, "from"), debounce=True,
+                            id="from-step", type="number", min=0, value=view["from_step"], debounce=True,
                             placeholder="auto")]),
                         html.Div([html.Label("to step"), dcc.Input(
-                            id="to-step", type="number", min=0, value=_int(query, "to"), debounce=True,
+                            id="to-step", type="number", min=0, value=view["to_step"], debounce=True,
                             placeholder="latest")]),
                         html.Div([html.Label("timeline ranks"), dcc.Input(
                             id="ranks", type="text", value=query.get("ranks", ""), debounce=True,
@@ -112,8 +120,17 @@ def layout(app: dash.Dash, job: str, query: dict[str, str]) -> html.Div:
     )
 
 
-def register(app: dash.Dash, client) -> None:
+def register(app: dash.Dash, client, prefetcher=None) -> None:
     """Register the job page callbacks (kept in :mod:`.job_callbacks`)."""
     from fleetscope.dashboard.pages import job_callbacks
 
-    job_callbacks.register(app, client)
+    job_callbacks.register(app, client, prefetcher)
+
+
+def prefetch(prefetcher, client, job: str, query: dict[str, str], wrap=lambda f: f) -> None:
+    """Start the heat-map and grid calls of the job page the browser is loading;
+    ``wrap`` prepares each call for its worker thread (e.g. carries the request context)."""
+    from fleetscope.dashboard.pages import job_callbacks
+
+    for key, call in job_callbacks.first_calls(client, job, initial_view(query)).items():
+        prefetcher.start(key, wrap(call))

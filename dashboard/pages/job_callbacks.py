@@ -22,6 +22,7 @@ from fleetscope.dashboard.figures.timeline import build_timeline
 from fleetscope.dashboard.figures.trends import build_hardware, build_trend
 from fleetscope.dashboard.pages.hang import hang_panel, normalise_hang
 from fleetscope.dashboard.pages.host import host_href
+from fleetscope.dashboard.prefetch import Prefetcher
 
 ACTIVE = ("open", "acknowledged")
 HEATMAP_MAX_ROWS = 160
@@ -29,6 +30,29 @@ HEATMAP_MAX_ROWS = 160
 HEATMAP_MAX_COLS = 200
 GRID_MAX_CELLS = 4096
 STRAGGLER_KINDS = {"slow_compute", "slow_dataloader", "late_arrival", "gc_pause", "straggler"}
+
+
+def heatmap_params(metric: str, agg: str, from_step: int | None, to_step: int | None) -> dict[str, Any]:
+    return {"metric": metric, "agg": agg, "from_step": from_step, "to_step": to_step,
+            "max_rows": HEATMAP_MAX_ROWS, "max_cols": HEATMAP_MAX_COLS}  # fmt: skip
+
+
+def heatmap_key(job: str, params: dict[str, Any]) -> tuple:
+    return ("heatmap", job, tuple(sorted(params.items())))
+
+
+def grid_key(job: str) -> tuple:
+    return ("grid", job, GRID_MAX_CELLS)
+
+
+def first_calls(client: ApiClient, job: str, view: dict[str, Any]) -> dict[tuple, Any]:
+    """The calls the job page's first heat-map and grid callbacks make for ``view``
+    (:func:`fleetscope.dashboard.pages.job.initial_view`), by prefetch key."""
+    params = heatmap_params(view["metric"], view["agg"], view["from_step"], view["to_step"])
+    return {
+        heatmap_key(job, params): lambda: client.heatmap(job, **params),
+        grid_key(job): lambda: client.grid(job, max_cells=GRID_MAX_CELLS),
+    }
 
 
 def _fig_error(res, what: str, height: int):
@@ -66,7 +90,11 @@ def _diag_culprits(diag: dict | None) -> list[int]:
     return [int(r) for r in (diag or {}).get("culprits", [])]
 
 
-def register(app: dash.Dash, client: ApiClient) -> None:
+def register(app: dash.Dash, client: ApiClient, prefetcher: Prefetcher | None = None) -> None:
+    def prefetched(key: tuple):
+        """The result started for this page load (see :mod:`..prefetch`), if any."""
+        return prefetcher.take(key) if prefetcher is not None else None
+
     # In the browser: the deep link is pure string work, not worth a server round trip
     # while the heat-map and grid are loading.
     app.clientside_callback(
@@ -195,8 +223,8 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         State("diag", "data"),
     )
     def heatmap(metric, agg, from_step, to_step, _n, sel, job, diag):
-        res = client.heatmap(job, metric=metric, agg=agg, from_step=from_step, to_step=to_step,
-                             max_rows=HEATMAP_MAX_ROWS, max_cols=HEATMAP_MAX_COLS)
+        params = heatmap_params(metric, agg, from_step, to_step)
+        res = prefetched(heatmap_key(job, params)) or client.heatmap(job, **params)
         if not res.ok:
             return _fig_error(res, "the heat-map", 460), {"ts": time.time()}
         selected = (sel["rank"], sel["step"]) if sel and sel.get("step") is not None else None
@@ -227,7 +255,7 @@ def register(app: dash.Dash, client: ApiClient) -> None:
         State("diag", "data"),
     )
     def grid(_n, job, diag):
-        res = client.grid(job, max_cells=GRID_MAX_CELLS)
+        res = prefetched(grid_key(job)) or client.grid(job, max_cells=GRID_MAX_CELLS)
         if not res.ok:
             return _fig_error(res, "the topology grid", 460), {"ts": time.time()}, None
         culprits = _diag_culprits(diag)
