@@ -25,6 +25,34 @@ return gd.data.map(t => ({type: t.type, name: t.name || '', text: t.text || null
 """
 
 
+# Viewport coordinates of the centre of the heat-map cell (rank, step index), from
+# plotly's own axis mapping, with the plot scrolled wholly into view first.
+CELL_JS = """
+const gd = document.querySelector('#heatmap .js-plotly-plot');
+if (!gd || !gd._fullLayout || !gd.data || !gd.data.length) return null;
+const fl = gd._fullLayout; const hm = gd.data[0];
+const row = hm.y.findIndex(l => l.startsWith('r' + arguments[0] + ' '));
+if (row < 0) return null;
+const step = hm.x[Math.min(arguments[1], hm.x.length - 1)];
+gd.scrollIntoView({block: 'center'});
+const box = gd.getBoundingClientRect();
+const x = box.left + fl._size.l + fl.xaxis.d2p(step), y = box.top + fl._size.t + fl.yaxis.d2p(hm.y[row]);
+if (x < 0 || y < 0 || x >= window.innerWidth || y >= window.innerHeight) return null;
+return {x: x, y: y, step: step};
+"""
+
+
+def click_at(driver, x: float, y: float) -> None:
+    """A real pointer click at viewport coordinates (not relative to an element: an
+    element-relative offset is taken from the centre of its visible part, which moves
+    when the page scrolls or the element is partly out of view)."""
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
+
+    actions = ActionBuilder(driver)
+    actions.pointer_action.move_to_location(int(x), int(y)).click()
+    actions.perform()
+
+
 def wait_for(driver, fn, timeout_s: float = 60.0, what: str = "condition"):
     deadline = time.monotonic() + timeout_s
     last = None
@@ -123,35 +151,23 @@ def test_hang_view_names_the_culprit(browser, scenario):
 
 
 def test_clicking_a_heatmap_cell_opens_that_rank(browser, scenario):
-    from selenium.webdriver.common.action_chains import ActionChains
-
     open_job(browser, scenario)
     target = reference_job.STRAGGLER
-    # Pixel position of the (rank 5, step 6) cell from plotly's own axis mapping.
-    pos = wait_for(browser, lambda: browser.execute_script(
-        """
-        const gd = document.querySelector('#heatmap .js-plotly-plot');
-        const fl = gd._fullLayout; const hm = gd.data[0];
-        const row = hm.y.findIndex(l => l.startsWith('r' + arguments[0] + ' '));
-        if (row < 0) return null;
-        const step = hm.x[Math.min(6, hm.x.length - 1)];
-        const box = gd.getBoundingClientRect();
-        return {x: fl._size.l + fl.xaxis.d2p(step), y: fl._size.t + fl.yaxis.d2p(hm.y[row]),
-                w: box.width, h: box.height, step: step};
-        """, target), what="the heat-map cell position")  # fmt: skip
-    plot = browser.find_element("css selector", "#heatmap .js-plotly-plot")
-    browser.execute_script("arguments[0].scrollIntoView()", plot)
+    # The header and other panels fill in around the heat-map after it is drawn and can
+    # move it: wait for the header, then aim each click from a fresh measurement.
+    wait_for(browser, lambda: "topology" in browser.find_element("id", "job-header").text.lower(),
+             what="the job header")  # fmt: skip
+    pos = None
     for _attempt in range(3):  # a live refresh may redraw the plot under the pointer: retry
-        ActionChains(browser).move_to_element_with_offset(
-            plot, int(pos["x"] - pos["w"] / 2), int(pos["y"] - pos["h"] / 2)
-        ).click().perform()
+        pos = wait_for(browser, lambda: browser.execute_script(CELL_JS, target, 6), what="the heat-map cell position")
+        click_at(browser, pos["x"], pos["y"])
         try:
-            wait_for(browser, lambda: f"rank={target}" in browser.current_url, timeout_s=15, what="the URL")
+            wait_for(browser, lambda: f"rank={target}&" in browser.current_url + "&", timeout_s=15, what="the URL")
             break
         except AssertionError:
-            plot = browser.find_element("css selector", "#heatmap .js-plotly-plot")
+            pass
     sel = wait_for(browser, lambda: browser.find_element("id", "selected-rank").text == f"rank {target}",
-                   timeout_s=90, what="the selected rank panel")  # fmt: skip
+                   timeout_s=90, what=f"the selected rank panel (URL {browser.current_url})")  # fmt: skip
     assert sel
     assert f"rank={target}" in browser.current_url and f"step={pos['step']}" in browser.current_url
     # The timeline follows the selection: the pipeline chain through rank 5.
