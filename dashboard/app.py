@@ -215,7 +215,7 @@ def create_dash_app(
 
 def _serve_partial_plotly():
     # Versioned URL: cached for a year, like Dash's fingerprinted bundles.
-    resp = flask.send_file(plotly_bundle.PARTIAL, mimetype="text/javascript", max_age=31536000)
+    resp = flask.Response(plotly_bundle.served_bytes(), mimetype="text/javascript")
     resp.headers["Cache-Control"] = "public, max-age=31536000, immutable"
     return resp
 

@@ -6,6 +6,12 @@ A cold browser compiles and runs plotly.js before it can draw the first graph; f
 dashboard draws only cartesian traces (:data:`TRACE_TYPES`), which the 1.5 MB partial
 bundle holds. ``dcc.Graph`` loads plotly.js from ``window._dashPlotlyJSURL`` (unless
 ``window.Plotly`` exists); :func:`head_html` pins that URL to the partial bundle.
+
+The bundle is served with V8's explicit compile hint (:data:`COMPILE_HINT`): Chromium
+then compiles its functions eagerly on a background thread while the file streams in,
+instead of lazily on the main thread during the first draws. On the 12,288-rank job
+page in headless Chromium that cut plotly.js's main-thread time from about 1.1 s to
+0.5–0.8 s. Browsers without the feature read a comment.
 """
 
 from __future__ import annotations
@@ -23,6 +29,16 @@ TRACE_TYPES = frozenset(
 )  # fmt: skip
 """The trace types of the cartesian bundle (its ``moduleType:"trace"`` registrations);
 the figure builders must stay within them (a unit test checks)."""
+
+
+COMPILE_HINT = b"//# allFunctionsCalledOnLoad\n"
+"""V8's magic comment for eager compilation of the whole script (Chromium >= 136)."""
+
+
+@lru_cache(maxsize=1)
+def served_bytes() -> bytes:
+    """The partial bundle as served: :data:`COMPILE_HINT`, then the vendored file."""
+    return COMPILE_HINT + PARTIAL.read_bytes()
 
 
 @lru_cache(maxsize=1)

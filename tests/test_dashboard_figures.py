@@ -171,3 +171,28 @@ def test_cell_matrix_handles_nan_and_out_of_range():
     cells = pd.DataFrame({"row": [0, 9], "col": [0, 0], "value": [np.nan, 1.0], "worst_rank": [1, 2]})
     z, r = heatmap_view.cell_matrix(cells, 2, 1)
     assert z == [[None], [None]] and r == [[None], [None]]
+
+
+def test_heatmap_and_grid_margins_are_sized_from_their_labels_without_automargin():
+    # plotly's automargin measures every label and lays the figure out twice: the two
+    # first-drawn figures of the job page size their margins themselves.
+    for topo, bucket in ((TOPO, 1), (Topology(dp=64, tp=16, pp=4), 8)):
+        labels, _, _ = heatmap_view.row_labels(topo, bucket)
+        cells = pd.DataFrame({"row": [0], "col": [0], "value": [1.0], "worst_rank": [0]})
+        p = heatmap_view.heatmap_payload("j", topo, METRICS["own"], "max", 0, 0, bucket, 1, cells)
+        hm = build_heatmap(json.loads(json.dumps(p)))["layout"]
+        assert hm["xaxis"]["automargin"] is False and hm["yaxis"]["automargin"] is False
+        widest = max(len(t) for t in hm["yaxis"]["ticktext"])
+        assert hm["margin"]["l"] >= 6.5 * widest + 8  # ~5.9 px per character measured in Chromium
+        assert hm["margin"]["b"] >= 45  # tick labels and the "step" title
+    margins = {}
+    for topo in (TOPO, Topology(dp=64, tp=16, pp=4)):  # "r5 pp1 dp0 tp1" vs "r4095 pp3 dp63 tp15"
+        p = heatmap_view.heatmap_payload("j", topo, METRICS["own"], "max", 0, 0, 1, 1,
+                                         pd.DataFrame({"row": [0], "col": [0], "value": [1.0], "worst_rank": [0]}))
+        margins[topo.world_size] = build_heatmap(json.loads(json.dumps(p)))["layout"]["margin"]["l"]
+    assert margins[8] < margins[4096]
+    for topo in (TOPO, Topology(dp=8, tp=16, pp=2)):
+        p = grid_view.grid_payload("j", topo, {}, ["ok"] * topo.world_size, {}, (0, 9), 4096)
+        g = build_grid(json.loads(json.dumps(p)))["layout"]
+        assert g["xaxis"]["automargin"] is False and g["yaxis"]["automargin"] is False
+        assert g["margin"]["l"] >= 6.5 * max(len(t) for t in g["yaxis"]["ticktext"]) + 25  # + the "tp" title

@@ -51,6 +51,33 @@ def dict_layout(layout: dict[str, Any], height: int | None = None, **kw) -> dict
     return layout
 
 
+LABEL_CHAR_PX = 7.0
+"""Width of one character of a 12 px tick label, rounded up (about 5.9 px on average
+for rank labels and 6.7 px for digits in Liberation Sans / Arial)."""
+X_TITLE_PX = 52
+"""Bottom margin that holds a row of 12 px tick labels and an axis title under them."""
+
+
+def label_px(labels) -> int:
+    """Estimated pixel width of the widest of ``labels`` (12 px font)."""
+    return int(max((len(str(s)) for s in labels), default=0) * LABEL_CHAR_PX + 0.999)
+
+
+def fixed_margins(layout: dict[str, Any], **margin: int) -> dict[str, Any]:
+    """Give ``layout`` explicit ``margin`` values and turn off plotly's axis automargin
+    (in place; returns ``layout``).
+
+    With automargin, plotly measures every tick label and title and lays the figure out
+    a second time: on the heat-map and grid of a 12,288-rank job that was about half
+    of each draw, on the critical path of the job page. Callers size the margins from
+    their labels (:func:`label_px`) instead.
+    """
+    for axis in ("xaxis", "yaxis"):
+        layout.setdefault(axis, {})["automargin"] = False
+    layout["margin"] = {**layout.get("margin", {}), **margin}
+    return layout
+
+
 @lru_cache(maxsize=1)
 def template_json() -> dict[str, Any]:
     """:data:`TEMPLATE` as plotly JSON (shared: callers must not modify it)."""

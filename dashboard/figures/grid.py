@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 from fleetscope.dashboard import palette
-from fleetscope.dashboard.figures.common import colorscale_json, dict_layout, message_figure
+from fleetscope.dashboard.figures.common import (
+    X_TITLE_PX,
+    colorscale_json,
+    dict_layout,
+    fixed_margins,
+    label_px,
+    message_figure,
+)
 
 from fleetscope.topology import Topology
 
@@ -136,6 +143,8 @@ def build_grid(
                    yanchor="top", font_size=14),  # fmt: skip
         margin=dict(l=10, r=10, t=50, b=30),
     )
+    # The y axis holds tp numbers and the title "tp".
+    fixed_margins(layout, l=label_px(layout["yaxis"]["ticktext"]) + 34, b=X_TITLE_PX)
     return {"data": traces, "layout": layout}
 
 

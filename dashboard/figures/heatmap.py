@@ -13,7 +13,13 @@ from typing import Any
 
 import plotly.graph_objects as go
 from fleetscope.dashboard import palette
-from fleetscope.dashboard.figures.common import base_layout, message_figure
+from fleetscope.dashboard.figures.common import (
+    X_TITLE_PX,
+    base_layout,
+    fixed_margins,
+    label_px,
+    message_figure,
+)
 
 from fleetscope.topology import Topology
 
@@ -95,6 +101,7 @@ def build_heatmap(
     out = fig.to_dict()
     out["data"][0].update(z=z, x=steps, y=labels, customdata=ranks_cells)
     out["layout"]["shapes"] = separators + list(out["layout"].get("shapes", []))
+    fixed_margins(out["layout"], l=label_px(ticktext) + 12, b=X_TITLE_PX)
     return out
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import dash
 from dash import Input, Output, Patch, State, ctx, dcc, html, no_update
+from dash.exceptions import PreventUpdate
 from fleetscope.dashboard.client import ApiClient, items_of
 from fleetscope.dashboard.components import (
     kpi,
@@ -15,7 +16,7 @@ from fleetscope.dashboard.components import (
     severity_badge,
     state_badge,
 )
-from fleetscope.dashboard.figures.common import fmt_ms, message_dict, message_figure
+from fleetscope.dashboard.figures.common import fmt_ms, message_figure
 from fleetscope.dashboard.figures.grid import build_grid, grid_culprit_traces
 from fleetscope.dashboard.figures.heatmap import build_heatmap, culprit_trace, heatmap_meta
 from fleetscope.dashboard.figures.timeline import build_timeline
@@ -340,19 +341,30 @@ def register(app: dash.Dash, client: ApiClient, prefetcher: Prefetcher | None = 
         name = f"fleetscope-{job}-trace.json".replace("/", "_")
         return dcc.send_bytes(res.data, name), f"exported {len(res.data) / 1024:.0f} KiB as {name}"
 
+    # The rank panel and hardware chart keep the layout's "select a rank" messages until
+    # a rank is selected: no server round trip (and no redraw) while the page loads.
+    app.clientside_callback(
+        """function (sel) {
+            if (!sel || sel.rank === null || sel.rank === undefined) { throw window.dash_clientside.PreventUpdate; }
+            return sel;
+        }""",
+        Output("sel-rank", "data"),
+        Input("sel", "data"),
+    )
+
     @app.callback(
         Output("rank-panel", "children"),
         Output("hardware", "figure"),
-        Input("sel", "data"),
+        Input("sel-rank", "data"),
         Input("from-step", "value"),
         Input("to-step", "value"),
         State("job-id", "data"),
         State("grid-ranks", "data"),
+        prevent_initial_call=True,
     )
     def rank_detail(sel, from_step, to_step, job, grid_ranks):
         if not sel or sel.get("rank") is None:
-            return message("click a heat-map or grid cell to select a rank"), message_dict(
-                "select a rank for its GPU / NIC metrics", height=300)
+            raise PreventUpdate
         rank = int(sel["rank"])
         if sel.get("step") is not None:
             from_step, to_step = max(0, sel["step"] - 10), sel["step"] + 10
