@@ -115,6 +115,8 @@ def create_dash_app(
         # heat-map and grid) start at once, one server round trip earlier than with
         # a routing callback. Without a usable Referer the router renders it.
         first = page_of_referrer(app)
+        if first is not None:
+            prefetch_job_views(*first)
         return html.Div(
             [
                 dcc.Location(id="url", refresh=False),
@@ -193,18 +195,19 @@ def create_dash_app(
         Input("live-toggle", "value"),
     )
 
-    # The job page's heat-map and grid calls start with the request for the page (the
-    # browser then spends a second or more on Dash's bundles before asking for them).
+    # The job page's heat-map and grid calls start with the request for the layout:
+    # its callbacks ask for them a few hundred ms later, after the layout is rendered.
+    # (Started with the request for the page itself, they competed with the serving of
+    # Dash's script bundles: the scripts arrived 150-400 ms later and the page became
+    # interactive later, not earlier.)
     prefetcher = Prefetcher()
     app.server.extensions["fleetscope_prefetch"] = prefetcher
 
-    @app.server.before_request
-    def prefetch_job_views():
-        parts = page_parts(app, flask.request.path)
-        if flask.request.method == "GET" and len(parts) == 2 and parts[0] == "jobs":
+    def prefetch_job_views(pathname: str, search: str) -> None:
+        parts = page_parts(app, pathname, app.config.requests_pathname_prefix)
+        if len(parts) == 2 and parts[0] == "jobs":
             # The request context goes along: an API URL resolved per request needs it.
-            job.prefetch(prefetcher, client, parts[1], parse_query(flask.request.query_string.decode()),
-                         wrap=flask.copy_current_request_context)
+            job.prefetch(prefetcher, client, parts[1], parse_query(search), wrap=flask.copy_current_request_context)
 
     fleet.register(app, client)
     job.register(app, client, prefetcher)
@@ -220,9 +223,10 @@ def _serve_partial_plotly():
     return resp
 
 
-def page_parts(app: dash.Dash, path: str) -> list[str]:
-    """Path segments of a page request below the app's routes (``[]`` for others)."""
-    prefix = app.config.routes_pathname_prefix
+def page_parts(app: dash.Dash, path: str, prefix: str | None = None) -> list[str]:
+    """Path segments of a page path below ``prefix`` (the app's routes by default;
+    ``[]`` for other paths)."""
+    prefix = prefix or app.config.routes_pathname_prefix
     if not path.startswith(prefix):
         return []
     return [unquote(p) for p in path[len(prefix) :].split("/") if p]

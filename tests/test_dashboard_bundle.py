@@ -167,13 +167,18 @@ def test_prefetched_results_are_used_once_and_only_while_fresh():
         Prefetcher(ttl_s=0)
 
 
-def test_a_job_page_request_starts_its_heatmap_and_grid_calls():
+def test_the_layout_request_of_a_job_page_starts_its_heatmap_and_grid_calls():
     app = create_dash_app("http://127.0.0.1:1", url_base_pathname="/ui/")
     client = app.server.test_client()
-    assert client.get("/ui/").status_code == 200 and client.get("/ui/incidents").status_code == 200
     prefetcher = app.server.extensions["fleetscope_prefetch"]
-    assert prefetcher.pending() == 0  # only job pages prefetch
+    # The page request itself starts nothing: it must not compete with the bundles.
     assert client.get("/ui/jobs/j%201?metric=step&agg=mean&from=3").status_code == 200
+    assert prefetcher.pending() == 0
+    for other in ("/ui/", "/ui/incidents"):  # only job pages prefetch
+        assert client.get("/ui/_dash-layout", headers={"Referer": f"http://localhost{other}"}).status_code == 200
+    assert prefetcher.pending() == 0
+    r = client.get("/ui/_dash-layout", headers={"Referer": "http://localhost/ui/jobs/j%201?metric=step&agg=mean&from=3"})
+    assert r.status_code == 200 and prefetcher.pending() == 2
     view = job_page.initial_view({"metric": "step", "agg": "mean", "from": "3"})
     keys = set(job_callbacks.first_calls(None, "j 1", view))
     assert keys == {job_callbacks.heatmap_key("j 1", job_callbacks.heatmap_params("step", "mean", 3, None)),
