@@ -60,8 +60,8 @@ def layout(app: dash.Dash, job: str, query: dict[str, str]) -> html.Div:
         [
             dcc.Store(id="job-id", data=job),
             dcc.Store(id="sel", data=selection),
-            # ``sel`` once a rank is selected: the rank panel's only trigger, so a page
-            # without a selection makes no server call for it (see ``job_callbacks``).
+            # ``sel`` once a rank is selected: the rank panel's trigger, so a page without
+            # a selection makes no REST call for it (see ``job_callbacks``).
             dcc.Store(id="sel-rank", data=None),
             dcc.Store(id="diag", data={}),
             dcc.Store(id="hm-meta", data={}),

@@ -342,7 +342,8 @@ def register(app: dash.Dash, client: ApiClient, prefetcher: Prefetcher | None = 
         return dcc.send_bytes(res.data, name), f"exported {len(res.data) / 1024:.0f} KiB as {name}"
 
     # The rank panel and hardware chart keep the layout's "select a rank" messages until
-    # a rank is selected: no server round trip (and no redraw) while the page loads.
+    # a rank is selected: while the page loads, no REST call and no redraw for them (Dash
+    # still sends the callback once; it answers "no update" at once).
     app.clientside_callback(
         """function (sel) {
             if (!sel || sel.rank === null || sel.rank === undefined) { throw window.dash_clientside.PreventUpdate; }
