@@ -27,7 +27,7 @@ from fleetscope.server.views import heatmap as heatmap_view
 from fleetscope.server.views import timeline as timeline_view
 
 from fleetscope.topology import Topology
-from tests.views_synth import SynthJob
+from tests.views_synth import SynthJob, span_rows
 
 TOPO = Topology(dp=2, tp=2, pp=2)
 FULL_JS = "/_dash-component-suites/plotly/package_data/plotly.min.js"
@@ -53,15 +53,7 @@ def test_every_figure_uses_only_trace_types_of_the_partial_bundle():
     states = ["ok", "slow", "stuck", "dead", "missing", "hung", "ok", "ok"]
     grid = grid_view.grid_payload("j", TOPO, {5: 1.3}, states, {}, (0, 9), 4096)
     rec = SynthJob(num_steps=2).build()
-    spans = pd.DataFrame(
-        [{"rank": s["rank"], "step": s["step"], "mb": s["microbatch"], "name": s["name"], "kind": s["kind"],
-          "cat": "section", "start_ns": s["start_ns"], "end_ns": s["end_ns"], "op": "", "group_id": "", "seq": -1,
-          "peer": -1, "state": ""} for s in rec["sections"] if s["step"] == 1]
-        + [{"rank": c["rank"], "step": c["step"], "mb": c["microbatch"], "name": c["op"], "kind": c["axis"],
-            "cat": "p2p" if c["peer"] >= 0 else "collective", "start_ns": c["enqueued_ns"],
-            "end_ns": c["completed_ns"], "op": c["op"], "group_id": c["group_id"], "seq": c["seq"],
-            "peer": c["peer"], "state": c["state"]} for c in rec["collectives"] if c["step"] == 1]
-    )  # fmt: skip
+    spans = pd.DataFrame(span_rows(rec, 1))
     chain = TOPO.group_ranks("pp", 0)
     timeline = timeline_view.timeline_payload("j", TOPO, chain, 1, 1, spans[spans["rank"].isin(chain)], len(spans), 10_000)
     figures = {

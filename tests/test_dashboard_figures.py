@@ -18,7 +18,7 @@ from fleetscope.server.views import heatmap as heatmap_view
 from fleetscope.server.views import timeline as timeline_view
 
 from fleetscope.topology import Topology
-from tests.views_synth import SynthJob, one_f_one_b
+from tests.views_synth import SynthJob, one_f_one_b, span_rows
 
 TOPO = Topology(dp=2, tp=2, pp=2)
 BIG = Topology(dp=192, tp=8, pp=8)
@@ -103,15 +103,7 @@ def test_rank_states_and_grid_payload():
 def test_synthetic_1f1b_schedule_and_timeline_figure():
     assert one_f_one_b(0, 2, 4) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
     rec = SynthJob(num_steps=3).build()
-    spans = pd.DataFrame(
-        [{"rank": s["rank"], "step": s["step"], "mb": s["microbatch"], "name": s["name"], "kind": s["kind"],
-          "cat": "section", "start_ns": s["start_ns"], "end_ns": s["end_ns"], "op": "", "group_id": "", "seq": -1,
-          "peer": -1, "state": ""} for s in rec["sections"] if s["step"] == 2]
-        + [{"rank": c["rank"], "step": c["step"], "mb": c["microbatch"], "name": c["op"], "kind": c["axis"],
-            "cat": "p2p" if c["peer"] >= 0 else "collective", "start_ns": c["enqueued_ns"],
-            "end_ns": c["completed_ns"], "op": c["op"], "group_id": c["group_id"], "seq": c["seq"],
-            "peer": c["peer"], "state": c["state"]} for c in rec["collectives"] if c["step"] == 2]
-    )  # fmt: skip
+    spans = pd.DataFrame(span_rows(rec, 2))
     links = timeline_view.p2p_links(spans)
     assert links and all(TOPO.stage(link["src_rank"]) != TOPO.stage(link["dst_rank"]) for link in links)
     assert all(link["dst_ns"] >= link["src_ns"] for link in links)

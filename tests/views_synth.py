@@ -228,3 +228,20 @@ class SynthJob:
             "model_flops_per_step": 4.0e12, "device_name": "cpu", "device_peak_flops": 1.0e14,
             "status": status, "host": self.host(0),
         }
+
+
+def span_rows(rec: dict, step: int) -> list[dict]:
+    """The timeline route's span rows (sections, then collectives and p2p) of one step
+    of a :meth:`SynthJob.build` record set, for building a ``pandas.DataFrame``."""
+    sections = [
+        {"rank": s["rank"], "step": s["step"], "mb": s["microbatch"], "name": s["name"], "kind": s["kind"],
+         "cat": "section", "start_ns": s["start_ns"], "end_ns": s["end_ns"], "op": "", "group_id": "", "seq": -1,
+         "peer": -1, "state": ""} for s in rec["sections"] if s["step"] == step
+    ]  # fmt: skip
+    comms = [
+        {"rank": c["rank"], "step": c["step"], "mb": c["microbatch"], "name": c["op"], "kind": c["axis"],
+         "cat": "p2p" if c["peer"] >= 0 else "collective", "start_ns": c["enqueued_ns"],
+         "end_ns": c["completed_ns"], "op": c["op"], "group_id": c["group_id"], "seq": c["seq"],
+         "peer": c["peer"], "state": c["state"]} for c in rec["collectives"] if c["step"] == step
+    ]  # fmt: skip
+    return sections + comms
