@@ -96,9 +96,8 @@ def create_dash_app(
     app.index_string = app.index_string.replace("{%css%}", head + "{%css%}", 1)
 
     def render(pathname: str | None, search: str | None):
-        path = app.strip_relative_path(pathname or "/") or ""
         query = parse_query(search)
-        parts = [unquote(p) for p in path.split("/") if p]
+        parts = page_parts(app, pathname)
         if not parts:
             return fleet.layout(app)
         if parts[0] == "jobs" and len(parts) == 2:
@@ -204,7 +203,7 @@ def create_dash_app(
     app.server.extensions["fleetscope_prefetch"] = prefetcher
 
     def prefetch_job_views(pathname: str, search: str) -> None:
-        parts = page_parts(app, pathname, app.config.requests_pathname_prefix)
+        parts = page_parts(app, pathname)
         if len(parts) == 2 and parts[0] == "jobs":
             # The request context goes along: an API URL resolved per request needs it.
             job.prefetch(prefetcher, client, parts[1], parse_query(search), wrap=flask.copy_current_request_context)
@@ -223,13 +222,10 @@ def _serve_partial_plotly():
     return resp
 
 
-def page_parts(app: dash.Dash, path: str, prefix: str | None = None) -> list[str]:
-    """Path segments of a page path below ``prefix`` (the app's routes by default;
-    ``[]`` for other paths)."""
-    prefix = prefix or app.config.routes_pathname_prefix
-    if not path.startswith(prefix):
-        return []
-    return [unquote(p) for p in path[len(prefix) :].split("/") if p]
+def page_parts(app: dash.Dash, pathname: str | None) -> list[str]:
+    """Path segments of a dashboard page below the app's path (``[]`` for the fleet page)."""
+    path = app.strip_relative_path(pathname or "/") or ""
+    return [unquote(p) for p in path.split("/") if p]
 
 
 def page_of_referrer(app: dash.Dash) -> tuple[str, str] | None:
