@@ -104,6 +104,15 @@ def test_failed_probe_and_numerics_minority_are_critical():
     json.dumps(fleet, allow_nan=False)  # NaN never reaches the JSON
 
 
+def test_two_disagreeing_devices_flag_no_one_until_a_third_settles_it():
+    def numerics(host: str, h: str) -> dict:
+        return row(host, 0.0, probe="numerics", variant="fp32 n=32 depth=2", hash=h, versions={"torch": "2.13"})
+
+    assert kinds(score_probes([numerics("h0", "aaaa"), numerics("bad", "bbbb")])) == []
+    settled = score_probes([numerics("h0", "aaaa"), numerics("bad", "bbbb"), numerics("h1", "aaaa")])
+    assert kinds(settled) == [("bad", SelfcheckKind.NUMERICS_MISMATCH)]
+
+
 def test_config_refuses_nonsense_thresholds():
     with pytest.raises(ValueError, match="min_ratio"):
         ScoringConfig(min_ratio=1.5)

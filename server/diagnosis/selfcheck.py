@@ -219,7 +219,7 @@ def score_probes(
     scores: list[ProbeScore] = []
     findings: list[SelfcheckFinding] = []
     for (model, probe, variant), keys in sorted(groups.items()):
-        mismatched = _numerics_minority(keys, latest) if probe == "numerics" else {}
+        mismatched = _numerics_minority(keys, latest, config.min_fleet_samples) if probe == "numerics" else {}
         fleet_vals = [float(latest[k][0]["value"]) for k in keys if bool(latest[k][0].get("passed", True))]
         fleet_hosts = len({k[0] for k in keys})
         for key in sorted(keys):
@@ -243,8 +243,14 @@ def score_probes(
 def _numerics_minority(
     keys: list[tuple[str, str, str, str]],
     latest: Mapping[tuple[str, str, str, str], tuple[Mapping[str, Any], dict[str, Any]]],
+    min_devices: int,
 ) -> dict[tuple[str, str, str, str], str]:
-    """Keys whose hash differs from the majority of comparable devices -> the majority hash."""
+    """Keys whose hash differs from the majority of comparable devices -> the majority hash.
+
+    A comparison needs ``min_devices`` comparable devices: two that disagree cannot say
+    which is wrong (and while a preflight's results arrive host by host, the first two
+    would otherwise flag a healthy host before the third settles it).
+    """
     by_versions: dict[str, list[tuple[str, str, str, str]]] = defaultdict(list)
     for k in keys:
         detail = latest[k][1]
@@ -253,7 +259,7 @@ def _numerics_minority(
     out: dict[tuple[str, str, str, str], str] = {}
     for ks in by_versions.values():
         counts = Counter(latest[k][1]["hash"] for k in ks)
-        if len(counts) < 2:
+        if len(counts) < 2 or len(ks) < min_devices:
             continue
         (top, top_n), (_, second_n) = counts.most_common(2)
         majority = top if top_n > second_n else ""
