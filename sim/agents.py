@@ -1,0 +1,179 @@
+"""Simulated host agents: one per host, shipping through the agent's own transport.
+
+Each simulated agent is a :class:`fleetscope.agent.transport.Transport` (retries with
+backoff and jitter, ``Retry-After`` on 429, ``Idempotency-Key``, ``X-Fleetscope-Host``
+and the clock headers) bodies are the agent wire format (:func:`fleetscope.codec.
+encode_batch`), and at most ``in_flight`` requests of one host are on the wire at a
+time (the agent's bound). All agents share one keep-alive HTTP client and a small pool
+of sender threads: a thousand real ``httpx`` clients would measure this machine, not
+the server.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from fleetscope.agent.clock import ClockSync
+from fleetscope.agent.transport import Transport
+
+from fleetscope import codec
+
+log = logging.getLogger("fleetscope.sim")
+
+
+@dataclass
+class ShipStats:
+    batches: int = 0
+    rows_acked: int = 0
+    bytes_sent: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    rejected_detail: str = ""
+    rows_queued: int = 0
+    post_s: list[float] = field(default_factory=list)
+
+
+class SimAgents:
+    """The agents of all simulated hosts."""
+
+    def __init__(self, server: str, hosts: list[str], run_id: str, *, token: str | None = None,
+                 in_flight: int = 4, senders: int = 8, compression: str | None = None,
+                 timeout_s: float = 30.0, max_backoff_s: float = 5.0, clock_sync: bool = True) -> None:
+        self.hosts, self.run_id = hosts, run_id
+        self.in_flight, self.compression = in_flight, compression
+        self.template = Transport(server, hosts[0], timeout_s=timeout_s, max_backoff_s=max_backoff_s,
+                                  token=token)
+        self.clock = ClockSync(self.template.client, num_rounds=4, enabled=clock_sync)
+        self.clock.measure()
+        self._transports: dict[int, Transport] = {}
+        self.queues: list[deque] = [deque() for _ in hosts]
+        self.outstanding = [0] * len(hosts)
+        self.seq = [0] * len(hosts)
+        self.oldest: dict[tuple[int, int], float] = {}
+        """(host, batch no) -> monotonic time the batch was cut, until acknowledged."""
+        self.lock = threading.Lock()
+        self.stop_event = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=senders, thread_name_prefix="fleetscope-sim-send")
+        self.stats = ShipStats()
+        self.idle = threading.Condition(self.lock)
+
+    def transport(self, h: int) -> Transport:
+        t = self._transports.get(h)
+        if t is None:
+            t = copy.copy(self.template)  # shares the keep-alive client; own host and counters
+            t.host = self.hosts[h]
+            t._lock = threading.Lock()  # noqa: SLF001
+            t.num_retries = t.num_throttled = 0
+            self._transports[h] = t
+        return t
+
+    def key(self, h: int, n: int) -> str:
+        """The batch's idempotency key: same bytes (host, batch number) -> same key."""
+        digest = hashlib.sha256(f"{self.run_id}\n{self.hosts[h]}\n{n}".encode()).hexdigest()
+        return "fsim1-" + digest[:40]
+
+    # ------------------------------------------------------------------ submit
+    def ship(self, data: dict[str, tuple[pa.Table, object]]) -> int:
+        """Cut one batch per host from ``take()``'s tables; returns rows queued."""
+        if not data:
+            return 0
+        num_hosts = len(self.hosts)
+        per_host: dict[int, dict[str, pa.Table]] = {}
+        for name, (table, offs) in data.items():
+            for h in range(num_hosts):
+                a, b = int(offs[h]), int(offs[h + 1])
+                if b > a:
+                    per_host.setdefault(h, {})[name] = table.slice(a, b - a)
+        rows = 0
+        now = time.monotonic()
+        with self.lock:
+            for h, tables in per_host.items():
+                n = sum(t.num_rows for t in tables.values())
+                rows += n
+                self.seq[h] += 1
+                self.queues[h].append((self.seq[h], tables, n))
+                self.oldest[(h, self.seq[h])] = now
+            self.stats.rows_queued += rows
+            for h in per_host:
+                self._pump(h)
+        return rows
+
+    def _pump(self, h: int) -> None:
+        """Start this host's next batches while it has room (lock held)."""
+        q = self.queues[h]
+        while q and self.outstanding[h] < self.in_flight and not self.stop_event.is_set():
+            item = q.popleft()
+            self.outstanding[h] += 1
+            self.pool.submit(self._send, h, *item)
+
+    def _send(self, h: int, n: int, tables: dict[str, pa.Table], num_rows: int) -> None:
+        try:
+            body = codec.encode_batch(tables, compression=self.compression)
+            est = self.clock.estimate
+            t0 = time.perf_counter()
+            res = self.transport(h).post_batch(body, self.key(h, n), est.offset_ns,
+                                               est.uncertainty_ns, self.stop_event)
+            took = time.perf_counter() - t0
+            with self.lock:
+                st = self.stats
+                if res.outcome == "ok":
+                    st.batches += 1
+                    st.rows_acked += num_rows
+                    st.bytes_sent += len(body)
+                    st.duplicates += int(res.duplicate)
+                    if len(st.post_s) < 200_000:
+                        st.post_s.append(took)
+                elif res.outcome == "rejected":
+                    st.rejected += 1
+                    if not st.rejected_detail:
+                        st.rejected_detail = f"HTTP {res.status}: {res.detail}"
+                        log.error("server rejected a simulated batch of %s: %s", self.hosts[h],
+                                  st.rejected_detail)
+        except Exception:  # a bug here must not wedge the host's queue
+            log.exception("simulated agent %s: sending batch %d failed", self.hosts[h], n)
+        finally:
+            with self.lock:
+                self.outstanding[h] -= 1
+                self.oldest.pop((h, n), None)
+                self._pump(h)
+                self.idle.notify_all()
+
+    # ------------------------------------------------------------------ state
+    def backlog(self) -> tuple[int, float]:
+        """(batches not yet acknowledged, age in s of the oldest of them)."""
+        with self.lock:
+            if not self.oldest:
+                return 0, 0.0
+            return len(self.oldest), time.monotonic() - min(self.oldest.values())
+
+    @property
+    def throttled(self) -> int:
+        return sum(t.num_throttled for t in list(self._transports.values()))
+
+    @property
+    def retries(self) -> int:
+        return sum(t.num_retries for t in list(self._transports.values()))
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every queued batch is acknowledged (or ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while self.oldest:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.idle.wait(min(left, 0.5))
+        return True
+
+    def close(self) -> None:
+        self.stop_event.set()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.template.close()
