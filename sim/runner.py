@@ -221,6 +221,8 @@ def run(cfg: SimConfig, stop: threading.Event | None = None) -> dict[str, Any]:
     t_start = time.monotonic()
     max_lag = 0.0
     lags: list[float] = []
+    ship_lags: list[tuple[float, float]] = []
+    """(time, age of the oldest unacknowledged batch): how far the store is behind."""
     ack0, t_rate = 0, time.monotonic()
     gen_rate = ack_rate = 0.0
     gen0 = 0
@@ -272,6 +274,7 @@ def run(cfg: SimConfig, stop: threading.Event | None = None) -> dict[str, Any]:
                 ack_rate = (agents.stats.rows_acked - ack0) / (t - t_rate)
                 gen0, ack0, t_rate = fleet.records_out, agents.stats.rows_acked, t
             n_unacked, age = agents.backlog()
+            ship_lags.append((now_rel, age))
             progress.update(steps_done, gen_rate, ack_rate, lag, n_unacked, age, agents.throttled)
             if job_end_rel is not None and now_rel >= job_end_rel:
                 break
@@ -291,6 +294,8 @@ def run(cfg: SimConfig, stop: threading.Event | None = None) -> dict[str, Any]:
         st = agents.stats
         post = np.array(st.post_s) if st.post_s else np.zeros(1)
         lag_arr = np.array(lags) if lags else np.zeros(1)
+        # steady state: after the first 5 steps
+        steady = np.array([a for t, a in ship_lags if t >= 5 * step_ns] or [a for _, a in ship_lags] or [0.0])
         summary = {
             "job": cfg.job, "world_size": topo.world_size, "num_hosts": len(hosts),
             "status": status, "steps_played": gen_step, "steps_completed": steps_done,
@@ -304,6 +309,9 @@ def run(cfg: SimConfig, stop: threading.Event | None = None) -> dict[str, Any]:
             "records_per_s_generated": fleet.records_out / max(wall_s, 1e-9),
             "records_per_s_acked": st.rows_acked / max(wall_s, 1e-9),
             "lag_s_p50": float(np.percentile(lag_arr, 50)), "lag_s_max": float(lag_arr.max()),
+            "ingest_lag_s_p50": float(np.percentile(steady, 50)),
+            "ingest_lag_s_p95": float(np.percentile(steady, 95)),
+            "ingest_lag_s_max": float(steady.max()),
             "post_s_p50": float(np.percentile(post, 50)), "post_s_p99": float(np.percentile(post, 99)),
             "clock_offset_ns": agents.clock.estimate.offset_ns,
         }
