@@ -55,6 +55,20 @@ ISSUE_BASELINE_PASS_S = {8: 0.08, 64: 0.18, 512: 1.19, 2048: 4.86}
 TARGETS = {"ingest_lag_s": 5.0, "full_pass_p50_s": 2.0, "hang_pass_p50_s": 0.5, "hang_page_s": 30.0,
            "hang_page_stretch_s": 15.0, "straggler_s": 60.0, "host_down_s": 30.0, "rss_gib": 6.0}
 PASS_RE = re.compile(r"(diagnosis|hang) pass of job (\S+) took ([\d.]+) s")
+CHILDREN: list[subprocess.Popen] = []
+"""Servers and simulators started here: stopped on any exit, a signal included."""
+
+
+def _stop_children() -> None:
+    for p in CHILDREN:
+        if p.poll() is None:
+            try:
+                if os.getpgid(p.pid) == p.pid:  # a server: its own session
+                    os.killpg(p.pid, signal.SIGKILL)
+                else:
+                    p.kill()
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 # ------------------------------------------------------------------------------ plumbing
@@ -81,6 +95,7 @@ class Server:
             [PY, "-m", "fleetscope.cli", "server", "--store", f"chdb://{work / 'store'}",
              "--db", f"sqlite:///{work / 'control.db'}", "--host", "127.0.0.1", "--port", str(self.port)],
             stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        CHILDREN.append(self.proc)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -235,6 +250,7 @@ class Sim:
     work: Path
     inject: list[str] = field(default_factory=list)
     tp_ops: int = 4
+    batch_delay_s: float = 1.0
     proc: subprocess.Popen | None = None
 
     def start(self) -> Sim:
@@ -242,12 +258,13 @@ class Sim:
         cmd = [PY, "-m", "fleetscope.cli", "simulate", "--server", self.server.url, "--quiet",
                "--dp", str(self.world // 64), "--pp", "8", "--tp", "8", "--steps", str(self.steps),
                "--step-ms", str(self.step_ms), "--job", self.job, "--results", str(self.results),
-               "--tp-ops-per-microbatch", str(self.tp_ops)]
+               "--tp-ops-per-microbatch", str(self.tp_ops), "--batch-delay", str(self.batch_delay_s)]
         for s in self.inject:
             cmd += ["--inject", s]
         self.out = self.work / f"sim-{self.job}.json"
         self.proc = subprocess.Popen(cmd, stdout=open(self.out, "wb"),
                                      stderr=open(self.work / f"sim-{self.job}.log", "wb"))
+        CHILDREN.append(self.proc)
         return self
 
     def onset_s(self) -> float | None:
@@ -297,7 +314,8 @@ def wait_until(fn, timeout_s: float, poll_s: float = 0.5):
 def clean(args, world: int, work: Path, jobs: int = 1) -> dict[str, Any]:
     srv = Server(work)
     try:
-        sims = [Sim(srv, f"clean{world}-{i}", world, args.steps, args.step_ms, work, tp_ops=args.tp_ops).start()
+        sims = [Sim(srv, f"clean{world}-{i}", world, args.steps, args.step_ms, work, tp_ops=args.tp_ops,
+                    batch_delay_s=args.batch_delay).start()
                 for i in range(jobs)]
         sums = [s.finish() for s in sims]
         time.sleep(2 * 2.0)  # two diagnosis ticks on the finished data
@@ -336,7 +354,7 @@ def faulted(args, world: int, work: Path, kinds: list[str]) -> dict[str, Any]:
                     "host_down": f"host_down:host={num_hosts // 3}:step={onset_step}"}[kind]
             steps = max(args.steps, onset_step + 50)
             sims[kind] = (Sim(srv, f"{kind}{world}", world, steps, args.step_ms, work, [spec],
-                              tp_ops=args.tp_ops).start(), culprit)
+                              tp_ops=args.tp_ops, batch_delay_s=args.batch_delay).start(), culprit)
         out: dict[str, Any] = {"world": world}
         limit = {"hang": 90.0, "straggler": 120.0, "host_down": 90.0}
         pending = dict(sims)
@@ -461,6 +479,49 @@ def pure(sizes: list[int], num_steps: int) -> list[dict[str, Any]]:
     return out
 
 
+# ------------------------------------------------------------------------------ generation
+def generation(sizes: list[int], num_steps: int, step_ms: float, tp_ops: int) -> None:
+    """Simulator cost per step without a server: schedule, rows due, per-host batches."""
+    from fleetscope.sim.agents import encode_body
+    from fleetscope.sim.faults import FaultPlan
+    from fleetscope.sim.schedule import StepModel, Timing
+    from fleetscope.sim.stream import Fleet, Periods
+
+    from fleetscope.topology import Topology
+
+    for w in sizes:
+        topo = Topology(dp=w // 64, pp=8, tp=8)
+        model = StepModel(topo, 4, tp_ops, Timing(step_ms=step_ms), FaultPlan([], w, 8), seed=0)
+        hosts = [f"g-h{h:04d}" for h in range(w // 8)]
+        fleet = Fleet(model.layout, "gen", time.time_ns(), 8, hosts, 4, 1024, Periods(), seed=0)
+        fleet.set_phase(model.phase)
+        clock = np.zeros(model.layout.shape)
+        t_play = t_take = t_enc = 0.0
+        rows = 0
+        for s in range(num_steps):
+            t = time.perf_counter()
+            o = model.play(s, clock)
+            t_play += time.perf_counter() - t
+            fleet.add_step(o)
+            t = time.perf_counter()
+            data = fleet.take(float(o.end.max()))
+            t_take += time.perf_counter() - t
+            t = time.perf_counter()
+            for h in range(len(hosts)):
+                tables = {n: tb.slice(int(off[h]), int(off[h + 1] - off[h])) for n, (tb, off) in data.items()
+                          if off[h + 1] > off[h]}
+                if tables:
+                    encode_body(tables, None)
+            t_enc += time.perf_counter() - t
+            rows += sum(tb.num_rows for tb, _ in data.values())
+            clock = o.end
+        per = (t_play + t_take + t_enc) / num_steps
+        print(f"  generation {w:>6} ranks: schedule {t_play / num_steps:.3f} s, rows due {t_take / num_steps:.3f} s, "
+              f"{len(hosts)} host batches encoded {t_enc / num_steps:.3f} s per step = {per:.2f} s per "
+              f"{step_ms / 1e3:.1f} s step ({per / (step_ms / 1e3):.0%}); {w * num_steps / (t_play + t_take + t_enc):,.0f} "
+              f"rank-steps/s, {rows / num_steps:,.0f} rows per step", flush=True)
+
+
 # ------------------------------------------------------------------------------ report
 def verdict(ok: bool | None) -> str:
     return "n/a " if ok is None else ("PASS" if ok else "FAIL")
@@ -476,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30, help="steps per run (default 30)")
     ap.add_argument("--step-ms", type=float, default=2000.0, help="step time (default 2000)")
     ap.add_argument("--tp-ops", type=int, default=4, help="--tp-ops-per-microbatch of the runs (default 4)")
+    ap.add_argument("--batch-delay", type=float, default=1.0,
+                    help="each simulated agent cuts a batch this often (default 1.0; the agent's "
+                         "own default is 0.5)")
     ap.add_argument("--scenarios", default="clean,hang,straggler,host_down",
                     help="per size: clean,hang,straggler,host_down (default all)")
     ap.add_argument("--concurrent", type=int, default=4096,
@@ -487,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="1,024 ranks, 14-step runs, no concurrent jobs, no K sweep, pure pass up to 1,024")
     ap.add_argument("--workdir", default=None, help="keep servers' dirs and logs here (default: a temp dir)")
+    ap.add_argument("--gen-only", action="store_true",
+                    help="only the simulator's own cost per step at --sizes (no server)")
     ap.add_argument("--_pure", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._pure:
@@ -499,10 +565,17 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in sizes if s % 64 or s < 64]
     if bad:
         ap.error(f"--sizes: {bad} are not multiples of 64 (DP x PP 8 x TP 8)")
+    if args.gen_only:
+        print(f"simulator cost per step (load average {os.getloadavg()}):", flush=True)
+        generation(sizes, 5, args.step_ms, args.tp_ops)
+        return 0
     scen = [s for s in args.scenarios.split(",") if s]
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="fleet-scale-"))
     print(f"fleet_scale: sizes {sizes}, {args.steps} steps of {args.step_ms:.0f} ms, K={args.tp_ops}, "
+          f"batch delay {args.batch_delay} s, "
           f"scenarios {scen}; work dir {work}; load average {os.getloadavg()}", flush=True)
+    print("simulator cost per step (no server):", flush=True)
+    generation(sizes, 3, args.step_ms, args.tp_ops)
     results: dict[int, dict[str, Any]] = {}
     checks: list[tuple[str, bool | None, str]] = []
     for w in sizes:
@@ -604,4 +677,8 @@ def target_checks(w: int, r: dict[str, Any], label: str = "") -> list[tuple[str,
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    try:
+        sys.exit(main())
+    finally:
+        _stop_children()

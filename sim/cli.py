@@ -76,8 +76,9 @@ def register(subparsers: Any) -> None:
                    help="how often each agent cuts a batch (default: the agent's, 0.5)")
     s.add_argument("--in-flight", type=int, default=None, metavar="N",
                    help="requests per agent on the wire at once (default: the agent's, 4)")
-    s.add_argument("--senders", type=int, default=8, metavar="N",
-                   help="sender threads shared by all simulated agents (default 8)")
+    s.add_argument("--senders", type=int, default=0, metavar="N",
+                   help="sender threads shared by all simulated agents (default 0: one per "
+                        "two hosts, 16..256)")
     s.add_argument("--compression", default="none", choices=["none", "lz4", "zstd"],
                    help="Arrow IPC compression (default none: 1,536 agents' zstd would "
                         "measure this machine's CPU, not the server)")
@@ -91,14 +92,13 @@ def register(subparsers: Any) -> None:
 
 def build_config(args: argparse.Namespace) -> Any:
     """SimConfig from parsed arguments; CliError names the bad value."""
+    import dataclasses
     import time
 
-    import dataclasses
-
     from fleetscope.agent.config import AgentConfig
+    from fleetscope.sim.runner import SimConfig
 
     from fleetscope.cli import CliError
-    from fleetscope.sim.runner import SimConfig
 
     agent_defaults = {f.name: f.default for f in dataclasses.fields(AgentConfig)}
     try:

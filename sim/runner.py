@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from fleetscope.sim.faults import FaultPlan, parse_sim_fault
 from fleetscope.sim.schedule import StepModel, Timing
 from fleetscope.sim.stream import Fleet, Periods
+
 from fleetscope.topology import Topology
 
 log = logging.getLogger("fleetscope.sim")
@@ -62,8 +62,10 @@ class SimConfig:
     """How often each agent cuts a batch (the agent's ``batch_delay_s``)."""
     in_flight: int = 4
     """Requests per agent on the wire at once (the agent's ``in_flight``)."""
-    senders: int = 8
-    """Sender threads shared by all simulated agents."""
+    senders: int = 0
+    """Sender threads shared by all simulated agents; 0: one per two hosts, 16..256 (the
+    server acknowledges after the store has the rows, so a request takes ~a second
+    under load and throughput is concurrency / latency)."""
     compression: str | None = None
     """Arrow IPC compression of the bodies: None, 'lz4' or 'zstd'."""
     fast: bool = False
@@ -87,7 +89,9 @@ class SimConfig:
     def check(self) -> list:
         """Validate; returns the parsed faults. ``ValueError`` names the bad value."""
         topo = self.topology
-        for name in ("num_microbatches", "gpus_per_host", "steps", "in_flight", "senders"):
+        if not isinstance(self.senders, int) or self.senders < 0:
+            raise ValueError(f"senders must be >= 0, got {self.senders!r}")
+        for name in ("num_microbatches", "gpus_per_host", "steps", "in_flight"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {v!r}")
@@ -200,7 +204,8 @@ def run(cfg: SimConfig, stop: threading.Event | None = None) -> dict[str, Any]:
     fleet.set_phase(model.phase)
     truth = GroundTruth(cfg, plan, hosts, t0_ns)
     agents = SimAgents(cfg.server, hosts, run_id=f"{cfg.job}/{cfg.seed}/{wall0}", token=cfg.token,
-                       in_flight=cfg.in_flight, senders=cfg.senders, compression=cfg.compression)
+                       in_flight=cfg.in_flight, senders=cfg.senders or min(256, max(16, len(hosts) // 2)),
+                       compression=cfg.compression)
     peak = 989e12
     fleet.add_job_row(0.0, name=cfg.job, dp=topo.dp, tp=topo.tp, pp=topo.pp, order=topo.order,
                       num_microbatches=cfg.num_microbatches,

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from fleetscope.sim.faults import HANG_WHERE, FaultPlan
+
 from fleetscope.topology import Topology
 
 OPS = ("all_reduce", "all_gather", "send", "recv")

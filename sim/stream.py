@@ -19,9 +19,9 @@ import numpy as np
 import pyarrow as pa
 from fleetscope.agent.config import AGENT_VERSION
 from fleetscope.agent.ranks import describe_inflight
+from fleetscope.sim.schedule import AXES, DTYPES, OPS, SECTION_KINDS, SECTIONS, Layout, StepOut
 
 from fleetscope.schema import RECORD_TYPES
-from fleetscope.sim.schedule import AXES, DTYPES, OPS, SECTION_KINDS, SECTIONS, Layout, StepOut
 
 INFLIGHT_KINDS = ("idle", "section", "collective", "p2p")
 GPU_METRICS = ("gpu.utilization_pct", "gpu.memory_utilization_pct", "gpu.memory_used_bytes",

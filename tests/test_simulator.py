@@ -14,6 +14,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 from fleetscope.collector.validate import prepare
+from fleetscope.sim.agents import encode_body
 from fleetscope.sim.faults import FaultPlan, parse_sim_fault
 from fleetscope.sim.schedule import AXES, OPS, SECTION_KINDS, SECTIONS, StepModel, Timing
 from fleetscope.sim.stream import Fleet, Periods
@@ -76,7 +77,7 @@ def test_wait_for_structure_matches_a_real_2x2x2_job(real8):
     # and in the same order on every rank (who waits for whom, op after op)
     def per_rank(rows):
         out = defaultdict(list)
-        for key, t in sorted(rows, key=lambda r: (r[0][0], r[1])):
+        for key, _t in sorted(rows, key=lambda r: (r[0][0], r[1])):
             out[key[0]].append(key[3:])
         return out
 
@@ -187,7 +188,9 @@ def test_batches_are_valid_agent_batches_of_every_record_type():
     for h in range(4):
         tables = {name: t.slice(int(o[h]), int(o[h + 1] - o[h])) for name, (t, o) in data.items()}
         tables = {k: t for k, t in tables.items() if t.num_rows}
-        decoded = codec.decode_batch(codec.encode_batch(tables, compression="zstd"))
+        body = encode_body(tables, "zstd")  # what the simulated agents send
+        assert body == codec.encode_batch(tables, compression="zstd")  # the agent wire format
+        decoded = codec.decode_batch(body)
         checked = prepare(decoded, host=f"sim-h{h}", clock_offset_ns=0)  # the collector's checks
         assert set(checked["heartbeats"].column("host").to_pylist()) == {f"sim-h{h}"}
         ranks = set(checked["collectives"].column("rank").to_pylist())
