@@ -18,7 +18,7 @@ from fleetscope.topology import Topology
 from .breakdown import BREAKDOWN_COLUMNS, rank_step_breakdown, reduced_arrivals
 from .findings import STRAGGLER_KINDS, Finding, FindingKind, HangAnalysis
 from .hangs import HangConfig, analyse_hang, detect_mismatches
-from .health import detect_hardware_errors, detect_heartbeat_loss, hardware_evidence
+from .health import detect_hardware_errors, detect_heartbeat_loss, detect_silence, hardware_evidence
 from .loader import JobFrames
 from .mfu import MfuConfig, detect_mfu_drop, mfu_series
 from .progress import progress_stall
@@ -44,6 +44,8 @@ class DiagnosisConfig:
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
     hang: HangConfig = field(default_factory=HangConfig)
     mfu: MfuConfig = field(default_factory=MfuConfig)
+    silent_s: float = 20.0
+    """Nothing arrived from a running job, or one of its hosts, for this long: an incident."""
 
 
 @dataclass
@@ -115,9 +117,8 @@ def add_arrival_evidence(findings: list[Finding], red, bd: pd.DataFrame, config)
         if n == 0:
             continue
         by_group: dict[str, float] = {}
-        for m in g["caused_by_group"]:
-            items = m.items() if isinstance(m, dict) else zip(*m) if isinstance(m, (tuple, list)) and len(m) == 2 else ()
-            for k, v in items:
+        for ks, vs in zip(g["caused_k"], g["caused_v"]):
+            for k, v in zip(ks if ks is not None else (), vs if vs is not None else ()):
                 by_group[str(k)] = by_group.get(str(k), 0) + float(v)
         top = sorted(by_group, key=lambda k: -by_group[k])
         ev[int(r)] = {
@@ -136,7 +137,7 @@ def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
     """The hang analysis alone (cheap: no straggler/what-if/MFU work) and its findings:
     the hang (hosts, heartbeat loss folded in) or, without one, heartbeat losses."""
     topo = info.topology
-    if info.status not in ("running", "failed"):
+    if info.status not in ("running", "failed", "lost"):
         return HangAnalysis(info.job, False, 0, 0.0, config.hang.hang_min_s, frames.last_step), []
     rank_last = ({int(r): int(v) for r, v in frames.steps.groupby("rank")["step"].max().items()}
                  if not frames.steps.empty else {})
@@ -158,6 +159,10 @@ def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
         host_data = {str(h): int(t) for h, t in frames.steps.groupby("host")["end_ns"].max().items()}
     lost = detect_heartbeat_loss(info.job, frames.heartbeats, now_ns, hc.heartbeat_stale_s,
                                  host_data_ns=host_data, host_seen_ns=frames.host_seen_ns)
+    if info.status in ("running", "lost"):  # a failed job's own final record explains its silence
+        silent = detect_silence(info.job, frames, now_ns, config.silent_s, frames.host_seen_ns)
+        covered = {h for f in silent for h in f.hosts}
+        lost = [f for f in lost if not set(f.hosts) & covered] + silent
     hang_finding = hang.to_finding()
     if hang_finding is None:
         return hang, lost

@@ -163,6 +163,18 @@ class JobFrames:
         return out
 
 
+def named_queries() -> dict[str, str]:
+    """Every query a diagnosis pass runs, by name: a worker that reaches the store through
+    the server (embedded chdb, owned by the server process) sends the name and the
+    parameters, never SQL text (``POST /api/v1/internal/diagnosis/query``)."""
+    mine = {"latest_attempt": LATEST_ATTEMPT, "last_step": LAST_STEP, "steps": STEPS,
+            "steps_latest": STEPS_LATEST, "step_times": STEP_TIMES, "sections": SECTIONS,
+            "collectives": COLLECTIVES, "progress": PROGRESS, "inflight_latest": INFLIGHT_LATEST,
+            "heartbeats_latest": HEARTBEATS_LATEST, "last_seen": LAST_SEEN, "log_events": LOG_EVENTS,
+            "hw_metrics": HW_METRICS, "hosts_last": HOSTS_LAST}
+    return {**mine, **{f"rollup_{k}": v for k, v in rollups.QUERIES.items()}}
+
+
 def latest_attempt(store: Any, job: str) -> int:
     rows = store.query_rows(LATEST_ATTEMPT, {"job": job})
     return int(rows[0]["attempt"]) if rows and rows[0]["n"] else 0

@@ -129,7 +129,8 @@ sec AS (
   SELECT t.rank AS rank, t.step AS step,
          sumIf(net, t.kind = 'compute') AS compute_ns, sumIf(net, t.kind = 'dataloader') AS dataloader_ns,
          sumIf(net, t.kind = 'optimizer') AS optimizer_ns, sumIf(net, t.kind = 'other') AS other_ns,
-         sumMapIf([mb], [net], t.name = 'forward') AS fwd, sumMapIf([mb], [net], t.name = 'backward') AS bwd
+         sumMapIf([mb], [net], t.name = 'forward') AS fwd_, sumMapIf([mb], [net], t.name = 'backward') AS bwd_,
+         fwd_.1 AS fwd_k, fwd_.2 AS fwd_v, bwd_.1 AS bwd_k, bwd_.2 AS bwd_v
   FROM (SELECT t.*, greatest(t.duration_ns - n.nested_ns, 0) AS net,
                toUInt16(greatest(t.microbatch, 0) % {{num_mb:UInt16}}) AS mb
         FROM top AS t LEFT JOIN nested AS n
@@ -144,7 +145,7 @@ ra AS (
 ),
 caused AS (
   SELECT waited_on_rank AS rank, step, sumIf(wait_ns, wait_ns > 0) AS wait_caused_ns,
-         sumMap([group_id], [wait_ns]) AS caused_by_group
+         sumMap([toString(group_id)], [wait_ns]) AS cg_, cg_.1 AS caused_k, cg_.2 AS caused_v
   FROM arr WHERE NOT is_last GROUP BY rank, step
 ),
 st AS (
@@ -154,9 +155,10 @@ st AS (
 SELECT st.rank AS rank, st.step AS step, st.step_ns AS step_ns,
        ra.comm_ns AS comm_ns, ra.wait_ns AS wait_ns, ra.num_collectives AS num_collectives,
        ra.num_last_arrivals AS num_last_arrivals, ra.lateness_med_ns AS lateness_med_ns,
-       caused.wait_caused_ns AS wait_caused_ns, caused.caused_by_group AS caused_by_group,
+       caused.wait_caused_ns AS wait_caused_ns, caused.caused_k AS caused_k, caused.caused_v AS caused_v,
        sec.compute_ns AS compute_ns, sec.dataloader_ns AS dataloader_ns,
-       sec.optimizer_ns AS optimizer_ns, sec.other_ns AS other_ns, sec.fwd AS fwd, sec.bwd AS bwd
+       sec.optimizer_ns AS optimizer_ns, sec.other_ns AS other_ns,
+       sec.fwd_k AS fwd_k, sec.fwd_v AS fwd_v, sec.bwd_k AS bwd_k, sec.bwd_v AS bwd_v
 FROM st
 LEFT JOIN ra ON st.rank = ra.rank AND st.step = ra.step
 LEFT JOIN caused ON st.rank = caused.rank AND st.step = caused.step
@@ -392,14 +394,11 @@ class Reduced:
 
 
 def _mb_matrix(rows: pd.DataFrame, col: str, world: int, num_mb: int) -> np.ndarray:
+    """(world, num_mb) matrix from the per-rank ``{col}_k`` / ``{col}_v`` array columns."""
     m = np.full((world, num_mb), np.nan)
-    for r, v in zip(rows["rank"].to_numpy(), rows[col].to_numpy()):
-        if 0 <= r < world and isinstance(v, (tuple, list)) and len(v) == 2:
-            for k, x in zip(v[0], v[1]):
-                if 0 <= int(k) < num_mb:
-                    m[r, int(k)] = x
-        elif 0 <= r < world and isinstance(v, dict):
-            for k, x in v.items():
+    for r, ks, vs in zip(rows["rank"].to_numpy(), rows[f"{col}_k"], rows[f"{col}_v"]):
+        if 0 <= r < world and ks is not None:
+            for k, x in zip(ks, vs):
                 if 0 <= int(k) < num_mb:
                     m[r, int(k)] = x
     return m
