@@ -48,6 +48,63 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", metavar="P", type=int, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--no-ui", action="store_true", help="do not mount the dashboard at /ui")
     p.set_defaults(func=run)
+    register_worker(subparsers)
+
+
+WORKER_HELP = """\
+Run a diagnosis worker: the diagnosis loop (stragglers, hangs, MFU, silent jobs and
+hosts -> incidents -> alert outbox) in its own process. `fleetscope server` starts one by
+default (FLEETSCOPE_DIAGNOSIS_WORKER=process); run more for scale-out, with the server
+started with FLEETSCOPE_DIAGNOSIS_WORKER=off or alongside its own. Workers lease each
+job in the control-plane DB, so two never diagnose the same job at once.
+
+With an embedded store (chdb://, owned by the server process) the worker reaches the
+store through the server (--server URL, internal diagnosis query route); with a
+ClickHouse server URL (http(s)://) it connects to it directly. The bearer token comes
+from FLEETSCOPE_TOKEN (never from argv).
+"""
+
+
+def register_worker(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "worker", help="run a diagnosis worker process", description=WORKER_HELP,
+        epilog="examples:\n  fleetscope worker --server http://127.0.0.1:8000 --db sqlite:///./.fleetscope/control.db\n"
+               "  fleetscope worker --store http://default:secret@clickhouse:8123/fleetscope "
+               "--db postgresql+psycopg://u:p@pg/fleetscope --server http://api:8000",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--server", metavar="URL", help="the fleetscope server (needed with a chdb:// store; "
+                   "also used to wake the alert dispatcher and read agent delivery times)")
+    p.add_argument("--store", metavar="URL", help="ClickHouse store URL (default FLEETSCOPE_STORE_URL)")
+    p.add_argument("--db", metavar="URL", help="control-plane SQL database (default FLEETSCOPE_DB_URL)")
+    p.add_argument("--parent-pid", metavar="PID", type=int, help=argparse.SUPPRESS)
+    p.set_defaults(func=run_worker)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from fleetscope.cli import CliError
+
+    ns = argparse.Namespace(store=args.store, db=args.db, host=None, port=None, no_ui=True)
+    settings = build_settings(ns)
+    if args.server is not None and not args.server.startswith(("http://", "https://")):
+        raise CliError(f"--server {args.server!r}: expected http(s)://host:port")
+    from fleetscope.server.diagnosis.worker import run_worker as run
+    from fleetscope.server.store.url import parse_store_url
+
+    if parse_store_url(settings.store_url).embedded and not args.server:
+        raise CliError(f"--store {settings.store_url!r} is embedded (owned by the server process): "
+                       "give --server URL")
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(run(settings, args.server, args.parent_pid))
+    except KeyboardInterrupt:
+        pass
+    except RuntimeError as e:
+        raise CliError(str(e)) from None
+    return 0
 
 
 def build_settings(args: argparse.Namespace):

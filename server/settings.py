@@ -91,6 +91,25 @@ class Settings(BaseSettings):
     """Longest delay between webhook delivery attempts."""
     public_url: str = ""
     """Base URL of this server as operators reach it (links in alerts); '' for none."""
+    # ---- diagnosis worker, scheduling, silence (server/diagnosis/worker.py, loop.py) ----
+    diagnosis_worker: str = "process"
+    """Where the diagnosis loop runs: ``process`` (a ``fleetscope worker`` child process of
+    the server, the default), ``thread`` (inside the server process) or ``off`` (only
+    workers started elsewhere with ``fleetscope worker``)."""
+    diagnosis_concurrency: int = Field(2, ge=1, le=64)
+    """Jobs one worker diagnoses at once (round-robin over the active jobs)."""
+    diagnosis_cache_jobs: int = Field(16, ge=1, le=10_000)
+    """Jobs whose per-step reductions a worker keeps between passes (memory bound)."""
+    silent_s: float = Field(20.0, ge=2, le=3600)
+    """Nothing arrived from a running job (status becomes ``lost``) or from one of its hosts
+    (``host_down``) for this many seconds: a ``heartbeat_lost`` incident that pages."""
+
+    @field_validator("diagnosis_worker")
+    @classmethod
+    def _worker(cls, v: str) -> str:
+        if v not in ("process", "thread", "off"):
+            raise ValueError(f"diagnosis_worker {v!r}: expected process, thread or off")
+        return v
 
     @field_validator("log_level")
     @classmethod

@@ -150,6 +150,14 @@ def test_straggler_and_hang_incidents_alert_webhook(tmp_path, receiver):
         hjob = SynthJob(job="hung", num_steps=12, t0_ns=t_hang - 12 * 200 * MS)
         recs = synth_records(hjob)
         recs["jobs"] = [job_record("hung", t_hang - 10 * 10**9)]
+        # the agent ships in-flight records with the steps (a separate diagnosis worker may
+        # pass between two ingests: a store with steps but no in-flight rows knows no culprit)
+        recs["inflight"] = [{"ts_ns": t_hang, "job": "hung", "rank": r, "host": f"h{r // 4}", "step": 12,
+                             "kind": "section" if r == 3 else "collective", "op": "forward" if r == 3 else "all_reduce",
+                             "group_id": "" if r == 3 else "tp.pp0.dp1", "axis": "" if r == 3 else "tp",
+                             "seq": -1 if r == 3 else 10**6, "since_ns": t_hang} for r in (2, 3)]
+        recs["heartbeats"] = [{"ts_ns": t_hang, "job": "hung", "host": f"h{r // 4}", "rank": r, "pid": 100 + r,
+                               "alive": True} for r in range(8)]
         ingest(api, recs, "hung-1")
         for i in range(12):
             ts = time.time_ns()

@@ -122,4 +122,6 @@ def job_diagnosis(app: Any, store: Any, session: Any, job: str, max_age_s: float
         cached = loop.latest.get(job)
         if cached is not None and now - cached.computed_ns <= max_age * 1e9:
             return cached
-    return diagnose_job(store, job_info(row), now, config_from_settings(settings))
+    collector = getattr(app.state, "collector", None)
+    return diagnose_job(store, job_info(row), now, config_from_settings(settings),
+                        dict(getattr(collector, "host_seen_ns", None) or {}))

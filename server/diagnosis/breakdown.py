@@ -222,6 +222,8 @@ def group_transfer(arr: pd.DataFrame) -> pd.DataFrame:
     cols = ["group_id", "axis", "step", "transfer_ns", "op_transfer_ns", "num_ops", "bytes"]
     if arr.empty:
         return pd.DataFrame(columns=cols)
+    if "op_transfer_ns" in arr.columns:  # already reduced per group and step (reduced_arrivals)
+        return arr.assign(transfer_ns=arr["gt_transfer_ns"])[cols].reset_index(drop=True)
     is_p2p = arr["op"].isin(P2P_OPS)
     coll = arr[~is_p2p].groupby(["group_id", "axis", "step", "seq"], as_index=False).agg(
         transfer_ns=("transfer_ns", "min"), bytes=("bytes", "max"))
@@ -231,3 +233,28 @@ def group_transfer(arr: pd.DataFrame) -> pd.DataFrame:
     return both.groupby(["group_id", "axis", "step"], as_index=False).agg(
         transfer_ns=("transfer_ns", "sum"), op_transfer_ns=("transfer_ns", "median"),
         num_ops=("transfer_ns", "size"), bytes=("bytes", "sum"))
+
+
+def reduced_arrivals(groups: pd.DataFrame) -> pd.DataFrame:
+    """An arrivals frame of one row per ``(group_id, axis, step)``, from the reductions
+    ClickHouse made (:data:`.rollups.GROUP_STEP_SQL`), for the detectors that read link
+    times from arrivals: :func:`group_transfer` returns its rows as they are, and
+    ``whatif.profile_from_frames`` sums ``transfer_ns`` (its per-op minimum, summed per
+    group and step) exactly as over per-op rows. It holds no per-rank rows (``rank`` -1):
+    the per-rank arrival figures are in the reduced breakdown."""
+    cols = ["group_id", "axis", "step", "seq", "op", "transfer_ns", "gt_transfer_ns", "op_transfer_ns",
+            "num_ops", "bytes", "rank", "is_last", "lateness_ns", "wait_ns", "waited_on_rank",
+            "enqueued_ns", "excl_ns", "comm_ns"]
+    if groups is None or groups.empty:
+        return pd.DataFrame(columns=cols)
+    n = len(groups)
+    return pd.DataFrame({
+        "group_id": groups["group_id"].to_numpy(), "axis": groups["axis"].to_numpy(),
+        "step": groups["step"].to_numpy(), "seq": np.zeros(n, dtype=np.int64), "op": "all_reduce",
+        "transfer_ns": groups["transfer_ns"].to_numpy(dtype=np.int64),
+        "gt_transfer_ns": groups["gt_transfer_ns"].to_numpy(dtype=np.int64),
+        "op_transfer_ns": groups["op_transfer_ns"].to_numpy(dtype=float),
+        "num_ops": groups["num_ops"].to_numpy(dtype=np.int64), "bytes": groups["bytes"].to_numpy(dtype=np.int64),
+        "rank": -1, "is_last": False, "lateness_ns": 0.0, "wait_ns": 0, "waited_on_rank": -1,
+        "enqueued_ns": -1, "excl_ns": 0, "comm_ns": 0,
+    })[cols]

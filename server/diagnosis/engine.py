@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pandas as pd
 
 from fleetscope.topology import Topology
 
-from .breakdown import rank_step_breakdown
-from .findings import Finding, FindingKind, HangAnalysis
+from .breakdown import BREAKDOWN_COLUMNS, rank_step_breakdown, reduced_arrivals
+from .findings import STRAGGLER_KINDS, Finding, FindingKind, HangAnalysis
 from .hangs import HangConfig, analyse_hang, detect_mismatches
-from .health import detect_hardware_errors, detect_heartbeat_loss, hardware_evidence
+from .health import detect_hardware_errors, detect_heartbeat_loss, detect_silence, hardware_evidence
 from .loader import JobFrames
 from .mfu import MfuConfig, detect_mfu_drop, mfu_series
 from .progress import progress_stall
@@ -43,6 +44,8 @@ class DiagnosisConfig:
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
     hang: HangConfig = field(default_factory=HangConfig)
     mfu: MfuConfig = field(default_factory=MfuConfig)
+    silent_s: float = 20.0
+    """Nothing arrived from a running job, or one of its hosts, for this long: an incident."""
 
 
 @dataclass
@@ -69,20 +72,83 @@ def build_profile(info: JobInfo, frames: JobFrames, breakdown: pd.DataFrame,
                                breakdown[breakdown["step"].isin(steps)], sec, arr)
 
 
+def build_profile_reduced(info: JobInfo, red, breakdown: pd.DataFrame, arrivals: pd.DataFrame,
+                          num_steps: int) -> StepProfile | None:
+    """:func:`build_profile` from ClickHouse's reductions: per-rank medians over the latest
+    ``num_steps`` complete steps of the forward/backward own work per micro-batch, the
+    other terms (pre/post work, link times) by ``profile_from_frames`` itself."""
+    if breakdown.empty:
+        return None
+    steps = sorted(breakdown["step"].unique())[-num_steps:]
+    arr = arrivals[arrivals["step"].isin(steps)] if not arrivals.empty else arrivals
+    p = profile_from_frames(info.topology, info.num_microbatches, breakdown[breakdown["step"].isin(steps)],
+                            pd.DataFrame(), arr)
+    mats = {}
+    for name, per_step in (("fwd", red.fwd), ("bwd", red.bwd)):
+        stack = [per_step[s] for s in steps if s in per_step and per_step[s].shape == p.fwd_ns.shape]
+        if not stack:
+            mats[name] = getattr(p, f"{name}_ns")
+            continue
+        a = np.stack(stack)
+        seen = ~np.isnan(a).all(axis=0)
+        med = np.zeros(a.shape[1:])
+        if seen.any():
+            med[seen] = np.nanmedian(a[:, seen], axis=0)
+        mats[name] = med
+    return replace(p, fwd_ns=mats["fwd"], bwd_ns=mats["bwd"])
+
+
+def add_arrival_evidence(findings: list[Finding], red, bd: pd.DataFrame, config) -> None:
+    """Per-rank arrival evidence of straggler findings (what the detector reads from per-op
+    arrival rows, which the reduced path does not have), from the per-rank-per-step
+    reductions over the same recent steps: how often the rank arrived last, its median
+    lateness (median over steps of the per-step medians), how long peers waited for it
+    per step and in which groups most."""
+    ranks = {f.ranks[0] for f in findings if f.kind in STRAGGLER_KINDS and len(f.ranks) == 1 and not f.group_id}
+    if not ranks or red.breakdown.empty or bd.empty:
+        return
+    counts = bd.groupby("step")["rank"].nunique()
+    full = counts[counts >= counts.max()].index.sort_values()
+    steps = list(full[-config.window_steps:])[-min(config.recent_steps, len(full)):]
+    b = red.breakdown[red.breakdown["step"].isin(steps) & red.breakdown["rank"].isin(ranks)]
+    ev: dict[int, dict] = {}
+    for r, g in b.groupby("rank"):
+        n = int(g["num_collectives"].sum())
+        if n == 0:
+            continue
+        by_group: dict[str, float] = {}
+        for ks, vs in zip(g["caused_k"], g["caused_v"]):
+            for k, v in zip(ks if ks is not None else (), vs if vs is not None else ()):
+                by_group[str(k)] = by_group.get(str(k), 0) + float(v)
+        top = sorted(by_group, key=lambda k: -by_group[k])
+        ev[int(r)] = {
+            "last_arrival_frac": round(float(g["num_last_arrivals"].sum()) / n, 3),
+            "median_lateness_ms": round(float(np.median(g["lateness_med_ns"].astype(float))) / 1e6, 3),
+            "peers_waited_ms_per_step": round(float(g["wait_caused_ns"].sum()) / 1e6 / max(len(steps), 1), 3),
+            "waited_in_groups": top[:4],
+        }
+    for f in findings:
+        if f.kind in STRAGGLER_KINDS and len(f.ranks) == 1 and not f.group_id and f.ranks[0] in ev:
+            f.evidence.update(ev[f.ranks[0]])
+
+
 def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
                   config: DiagnosisConfig = DiagnosisConfig()) -> tuple[HangAnalysis, list[Finding]]:
     """The hang analysis alone (cheap: no straggler/what-if/MFU work) and its findings:
     the hang (hosts, heartbeat loss folded in) or, without one, heartbeat losses."""
     topo = info.topology
-    if info.status not in ("running", "failed"):
+    if info.status not in ("running", "failed", "lost"):
         return HangAnalysis(info.job, False, 0, 0.0, config.hang.hang_min_s, frames.last_step), []
     rank_last = ({int(r): int(v) for r, v in frames.steps.groupby("rank")["step"].max().items()}
                  if not frames.steps.empty else {})
     hc = config.hang
+    red = frames.reduced
     op = progress_stall(now_ns, list(topo.ranks()), frames.collectives, frames.sections, frames.inflight,
                         frames.heartbeats, frames.last_step, frames.first_step,
                         hang_op_min_s=hc.hang_op_min_s, hang_k=hc.hang_k,
-                        min_history_steps=hc.op_min_history_steps, min_blocked_s=hc.min_blocked_s)
+                        min_history_steps=hc.op_min_history_steps, min_blocked_s=hc.min_blocked_s,
+                        gaps=red.gaps if red is not None else None,
+                        quiet_since_ns=red.quiet_since_ns if red is not None else None)
     hang = analyse_hang(info.job, topo, now_ns, frames.step_times, frames.inflight,
                         frames.heartbeats, frames.progress, info.start_ns, frames.last_seen,
                         hc, job_failed=info.status == "failed", rank_last_step=rank_last,
@@ -93,6 +159,10 @@ def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
         host_data = {str(h): int(t) for h, t in frames.steps.groupby("host")["end_ns"].max().items()}
     lost = detect_heartbeat_loss(info.job, frames.heartbeats, now_ns, hc.heartbeat_stale_s,
                                  host_data_ns=host_data, host_seen_ns=frames.host_seen_ns)
+    if info.status in ("running", "lost"):  # a failed job's own final record explains its silence
+        silent = detect_silence(info.job, frames, now_ns, config.silent_s, frames.host_seen_ns)
+        covered = {h for f in silent for h in f.hosts}
+        lost = [f for f in lost if not set(f.hosts) & covered] + silent
     hang_finding = hang.to_finding()
     if hang_finding is None:
         return hang, lost
@@ -106,13 +176,26 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
     """All findings for one job at ``now_ns``, strongest first within each detector."""
     topo = info.topology
     hosts = frames.hosts
-    bd, arr = rank_step_breakdown(frames.sections, frames.collectives, frames.steps)
+    red = frames.reduced
+    if red is not None:
+        bd = red.breakdown[list(BREAKDOWN_COLUMNS)] if not red.breakdown.empty else \
+            pd.DataFrame(columns=BREAKDOWN_COLUMNS)
+        arr = reduced_arrivals(red.groups)
+    else:
+        bd, arr = rank_step_breakdown(frames.sections, frames.collectives, frames.steps)
     # the newest step may still be arriving: judge complete steps only
     if not bd.empty and frames.last_step >= 0:
         bd = bd[bd["step"] < frames.last_step] if bd["step"].nunique() > 1 else bd
-    profile = build_profile(info, frames, bd, arr, config.stragglers.recent_steps)
+    if red is not None:
+        profile = build_profile_reduced(info, red, bd, arr, config.stragglers.recent_steps)
+    else:
+        profile = build_profile(info, frames, bd, arr, config.stragglers.recent_steps)
     findings = detect_stragglers(info.job, topo, bd, arr, profile, hosts, config.stragglers)
-    findings += detect_mismatches(info.job, frames.collectives)
+    if red is not None:
+        add_arrival_evidence(findings, red, bd, config.stragglers)
+        findings += detect_mismatches(info.job, red.mismatch_rows)
+    else:
+        findings += detect_mismatches(info.job, frames.collectives)
     hang, hang_findings = diagnose_hang(info, frames, now_ns, config)
     mfu = mfu_series(frames.step_times, info.model_flops_per_step, info.device_peak_flops,
                      topo.world_size)

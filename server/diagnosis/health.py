@@ -137,3 +137,88 @@ def detect_hardware_errors(
             evidence={"events": events[:20]},
         ))
     return out
+
+
+def host_last_arrival(frames, host_seen_ns: dict[str, int] | None = None) -> dict[str, int]:
+    """Host -> newest sign of life of the job's ranks and agent on it: its ranks' latest
+    records, its agent's heartbeats, and when the server last received a batch from it
+    (``host_seen_ns``, the server's clock; the strongest proof, absent after a restart)."""
+    hosts = frames.hosts
+    out: dict[str, int] = {}
+
+    def put(h: str, t: int) -> None:
+        if h and t > 0:
+            out[h] = max(out.get(h, 0), int(t))
+
+    for h in set(hosts.values()):
+        out.setdefault(h, 0)
+    for r, t in (frames.last_seen or {}).items():
+        put(hosts.get(int(r), ""), t)
+    hb = frames.heartbeats
+    if hb is not None and not hb.empty:
+        for h, t in hb.groupby("host")["ts_ns"].max().items():
+            put(str(h), int(t))
+    for h, t in (getattr(frames, "host_last_ns", None) or {}).items():
+        if h in out:
+            put(h, t)
+    for h, t in (host_seen_ns or {}).items():
+        if h in out:
+            put(h, t)
+    if not frames.steps.empty and "end_ns" in frames.steps:
+        for h, t in frames.steps.groupby("host")["end_ns"].max().items():
+            put(str(h), int(t))
+    return out
+
+
+def detect_silence(job: str, frames, now_ns: int, silent_s: float,
+                   host_seen_ns: dict[str, int] | None = None) -> list[Finding]:
+    """Nothing arrived for ``silent_s``: from the whole job (``job_silent``: every rank and
+    agent went quiet at once, e.g. a crash that took the job and its agent down), or from
+    one host while the job's other hosts still report (``host_down``). Both are
+    ``heartbeat_lost`` findings (they page like one) with ``evidence["silence"]`` set to
+    ``job`` or ``host``, naming the ranks and hosts as last seen and the last step."""
+    last = host_last_arrival(frames, host_seen_ns)
+    if not last or max(last.values()) <= 0:
+        return []
+    hosts = frames.hosts
+    seen = {int(r): int(t) for r, t in (frames.last_seen or {}).items() if t > 0}
+    rank_step = ({int(r): int(s) for r, s in frames.steps.groupby("rank")["step"].max().items()}
+                 if not frames.steps.empty else {})
+    newest = max(last.values())
+    quiet_s = (now_ns - newest) / 1e9
+    if quiet_s >= silent_s:
+        order = sorted(seen, key=lambda r: (seen[r], r))
+        t0 = seen[order[0]] if order else 0
+        first = [r for r in order if seen[r] - t0 < 1_000_000_000]
+        latest = [r for r in order if seen[order[-1]] - seen[r] < 1_000_000_000] if order else []
+        ranks = tuple((order or sorted(hosts))[:64])
+        return [Finding(
+            kind=FindingKind.HEARTBEAT_LOST, job=job, ranks=ranks, score=quiet_s / silent_s,
+            severity=Severity.CRITICAL, hosts=tuple(sorted(last)), last_step=int(frames.last_step),
+            summary=f"job silent: nothing arrived from any of its {len(hosts) or len(seen)} rank(s) on "
+                    f"{len(last)} host(s) for {quiet_s:.0f}s; last step {frames.last_step}; "
+                    f"rank(s) {first[:8]} went silent first",
+            evidence={"silence": "job", "what": "job_silent", "silent_for_s": round(quiet_s, 1),
+                      "last_step": int(frames.last_step), "first_silent_ranks": first[:64],
+                      "last_seen_ranks": latest[:64],
+                      "host_last_seen_ns": {h: int(t) for h, t in sorted(last.items())},
+                      "rank_last_step": {str(r): rank_step[r] for r in sorted(rank_step)[:64]}},
+        )]
+    out = []
+    for h, t in sorted(last.items()):
+        age_s = (now_ns - t) / 1e9 if t > 0 else quiet_s
+        if age_s < silent_s:
+            continue
+        ranks = tuple(sorted(r for r, hh in hosts.items() if hh == h))
+        steps = [rank_step[r] for r in ranks if r in rank_step]
+        out.append(Finding(
+            kind=FindingKind.HEARTBEAT_LOST, job=job, ranks=ranks, score=age_s / silent_s,
+            severity=Severity.CRITICAL, hosts=(h,), last_step=max(steps) if steps else -1,
+            summary=f"host {h} down: nothing arrived from it (agent and rank(s) {list(ranks)[:8]}) for "
+                    f"{age_s:.0f}s while the job's other hosts report; its last step "
+                    f"{max(steps) if steps else 'unknown'}",
+            evidence={"silence": "host", "what": "host_down", "silent_for_s": round(age_s, 1),
+                      "last_seen_ns": int(t), "last_step": max(steps) if steps else -1,
+                      "ranks_last_seen_ns": {str(r): seen.get(r, 0) for r in ranks}},
+        ))
+    return out

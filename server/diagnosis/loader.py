@@ -12,6 +12,8 @@ from typing import Any
 
 import pandas as pd
 
+from . import rollups
+
 LAST_STEP = """
 SELECT max(step) AS last_step, min(step) AS first_step, count() AS n FROM steps
 WHERE job = {job:String} AND attempt = {attempt:Int32}
@@ -90,6 +92,20 @@ SELECT rank, max(t) AS last_seen_ns FROM (
 ) GROUP BY rank
 """
 
+STEPS_LATEST = """
+SELECT rank, argMax(host, step) AS host, max(step) AS step_, max(start_ns) AS start_ns_,
+       max(end_ns) AS end_ns_, argMax(duration_ns, step) AS duration_ns_
+FROM steps
+WHERE job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:Int64}
+GROUP BY rank
+"""
+
+HOSTS_LAST = """
+SELECT host, max(ts_ns) AS last_ns FROM heartbeats
+WHERE ts_ns >= {since_ns:Int64} AND has({hosts:Array(String)}, host)
+GROUP BY host
+"""
+
 LOG_EVENTS = """
 SELECT ts_ns, host, rank, kind, severity, message FROM log_events
 WHERE ts_ns >= {since_ns:Int64} AND (job = {job:String} OR has({hosts:Array(String)}, host))
@@ -129,6 +145,11 @@ class JobFrames:
     host_seen_ns: dict[str, int] = field(default_factory=dict)
     """Host -> server time of the latest batch its agent delivered (filled by the server's
     diagnosis loop; empty after a restart until the agents send again)."""
+    reduced: rollups.Reduced | None = None
+    """The window reduced by ClickHouse (:func:`load_reduced_frames`); then ``sections`` and
+    ``collectives`` are empty and ``steps`` holds one row per rank (its newest step)."""
+    host_last_ns: dict[str, int] = field(default_factory=dict)
+    """Host -> newest heartbeat time stored from its agent (any job)."""
 
     @property
     def hosts(self) -> dict[int, str]:
@@ -140,6 +161,18 @@ class JobFrames:
                     if h:
                         out[int(r)] = str(h)
         return out
+
+
+def named_queries() -> dict[str, str]:
+    """Every query a diagnosis pass runs, by name: a worker that reaches the store through
+    the server (embedded chdb, owned by the server process) sends the name and the
+    parameters, never SQL text (``POST /api/v1/internal/diagnosis/query``)."""
+    mine = {"latest_attempt": LATEST_ATTEMPT, "last_step": LAST_STEP, "steps": STEPS,
+            "steps_latest": STEPS_LATEST, "step_times": STEP_TIMES, "sections": SECTIONS,
+            "collectives": COLLECTIVES, "progress": PROGRESS, "inflight_latest": INFLIGHT_LATEST,
+            "heartbeats_latest": HEARTBEATS_LATEST, "last_seen": LAST_SEEN, "log_events": LOG_EVENTS,
+            "hw_metrics": HW_METRICS, "hosts_last": HOSTS_LAST}
+    return {**mine, **{f"rollup_{k}": v for k, v in rollups.QUERIES.items()}}
 
 
 def latest_attempt(store: Any, job: str) -> int:
@@ -193,14 +226,71 @@ def load_job_frames(
     )
     ls = _df(store, LAST_SEEN, p, ["rank", "last_seen_ns"])
     frames.last_seen = {int(a): int(b) for a, b in ls.itertuples(index=False)}
-    hb = frames.heartbeats
-    if not hb.empty:  # minIf over no dead rows yields 0
-        hb["dead_since_ns"] = hb["dead_since_ns"].where(hb["dead_since_ns"] > 0, hb["ts_ns"])
-        # a rank's death is judged only once the store holds every step its spool had
-        stored = steps.groupby("rank")["step"].max() if not steps.empty else pd.Series(dtype="int64")
-        have = hb["rank"].map(stored).fillna(-1)
-        hb["caught_up"] = (have >= hb["spool_last_step"]).astype(int)
+    _caught_up(frames.heartbeats, steps)  # minIf over no dead rows yields 0
     return frames
+
+
+def load_reduced_frames(
+    store: Any, job: str, now_ns: int, cache: rollups.StepCache, world_size: int, num_microbatches: int,
+    window_steps: int = 24, mfu_window_steps: int = 120, attempt: int | None = None,
+    lookback_s: float = 600.0, hardware: bool = True, hang_only: bool = False,
+) -> JobFrames:
+    """Like :func:`load_job_frames`, but every raw-event reduction runs in ClickHouse.
+
+    Reads O(ranks) rows (latest step, in-flight record, heartbeat and progress per rank)
+    plus, for a full pass, the per-rank-per-step reductions of the window's new or
+    changed steps (:mod:`.rollups`, cached in ``cache``). A hang-only pass
+    (``hang_only``) refreshes no per-rank-per-step reductions: it reuses the cached op
+    gaps and reads the newest completion time.
+    """
+    att = latest_attempt(store, job) if attempt is None else attempt
+    p: dict[str, Any] = {"job": job, "attempt": att}
+    r = store.query_rows(LAST_STEP, p)
+    last_step = int(r[0]["last_step"]) if r and r[0]["n"] else -1
+    first_step = int(r[0]["first_step"]) if r and r[0]["n"] else 0
+    from_step = max(last_step - window_steps + 1, 0)
+    recent = max(last_step - 2, 0)
+    p.update(from_step=from_step, to_step=max(last_step, 0) + 1, since_ns=int(now_ns - lookback_s * 1e9))
+    steps = _df(store, STEPS_LATEST, p, ["rank", "host", "step", "start_ns", "end_ns", "duration_ns"])
+    hosts = sorted({str(h) for h in steps["host"] if h}) if not steps.empty else []
+    p["hosts"] = hosts
+    frames = JobFrames(
+        attempt=att, last_step=last_step, steps=steps, sections=pd.DataFrame(), collectives=pd.DataFrame(),
+        step_times=_df(store, STEP_TIMES, {**p, "from_step": max(last_step - mfu_window_steps + 1, 0)},
+                       ["step", "duration_ns", "end_ns"]),
+        inflight=_df(store, INFLIGHT_LATEST, p),
+        heartbeats=_df(store, HEARTBEATS_LATEST, p, ["rank", "host", "ts_ns", "alive", "pid", "dead_since_ns",
+                                                      "spool_last_step"]),
+        progress=_df(store, PROGRESS, {**p, "from_step": recent}, ["rank", "group_id", "last_seq"]),
+        last_seen={},
+        log_events=_df(store, LOG_EVENTS, p) if hardware else pd.DataFrame(),
+        metrics=_df(store, HW_METRICS, p) if hosts and hardware else pd.DataFrame(),
+        first_step=first_step,
+    )
+    ls = _df(store, LAST_SEEN, {**p, "from_step": recent}, ["rank", "last_seen_ns"])
+    frames.last_seen = {int(a): int(b) for a, b in ls.itertuples(index=False)}
+    hl = store.query_rows(HOSTS_LAST, p) if hosts else []
+    frames.host_last_ns = {str(x["host"]): int(x["last_ns"]) for x in hl}
+    _caught_up(frames.heartbeats, steps)
+    if last_step >= 0:
+        jc = cache.get(job, att, max(int(num_microbatches), 1))
+        rollups.refresh(store, jc, job, from_step, last_step, first_step, gaps_only=hang_only)
+        red = rollups.assemble(jc, world_size, from_step, last_step)
+        q = store.query_rows(rollups.QUIET_SINCE_SQL, {**p, "from_step": recent})
+        red.quiet_since_ns = int(q[0]["t"] or 0) if q else 0
+        frames.reduced = red
+    return frames
+
+
+def _caught_up(hb: pd.DataFrame, steps: pd.DataFrame) -> None:
+    """Heartbeat rows: ``dead_since_ns`` filled, ``caught_up`` = the store holds every step
+    the rank's spool had (a rank's death is judged only then)."""
+    if hb.empty:
+        return
+    hb["dead_since_ns"] = hb["dead_since_ns"].where(hb["dead_since_ns"] > 0, hb["ts_ns"])
+    stored = steps.groupby("rank")["step"].max() if not steps.empty else pd.Series(dtype="int64")
+    have = hb["rank"].map(stored).fillna(-1)
+    hb["caught_up"] = (have >= hb["spool_last_step"]).astype(int)
 
 
 def _df(store: Any, sql: str, params: dict[str, Any], columns: list[str] | None = None) -> pd.DataFrame:

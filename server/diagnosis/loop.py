@@ -17,12 +17,14 @@ import asyncio
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleetscope.server.alerts.outbox import enqueue_incident
 from fleetscope.server.alerts.rules import install_defaults
+from fleetscope.server.db import leases
 from fleetscope.server.db.models import Job
-from sqlalchemy import or_, select
+from sqlalchemy import or_, select, update
 
 from fleetscope.topology import Topology
 
@@ -30,13 +32,18 @@ from .engine import DiagnosisConfig, JobDiagnosis, JobInfo, diagnose, diagnose_h
 from .findings import FindingKind
 from .hangs import HangConfig
 from .incidents import sync_incidents
-from .loader import load_job_frames
+from .loader import load_reduced_frames
+from .rollups import StepCache
 from .periodic import PeriodicAlertingService
 from .stragglers import StragglerConfig
 
 log = logging.getLogger(__name__)
 
 RECENT_FAILED_S = 600.0
+LIVE_STATUSES = ("running", "lost")
+"""Statuses of jobs diagnosed every tick (``lost``: nothing arrived for silent_s)."""
+_DEFAULT_CACHE = StepCache(max_jobs=4)
+"""Step reductions of on-demand passes (RCA routes without a fresh loop result)."""
 SETTLED_EVERY_TICKS = 5
 """A failed job whose hang diagnosis came out the same in SETTLED_AFTER_PASSES full passes
 in a row is re-diagnosed every this many ticks (its processes are gone; a full pass of it
@@ -56,6 +63,7 @@ def config_from_settings(settings: Any) -> DiagnosisConfig:
         stragglers=StragglerConfig(window_steps=int(g("diagnosis_window_steps", 24))),
         hang=HangConfig(hang_min_s=float(g("hang_min_s", 30.0)), hang_k=float(g("hang_k", 5.0)),
                         hang_op_min_s=float(g("hang_op_min_s", 20.0))),
+        silent_s=float(g("silent_s", 20.0)),
     )
 
 
@@ -68,9 +76,11 @@ def job_info(row: Job) -> JobInfo:
 
 
 def diagnose_job(store: Any, info: JobInfo, now_ns: int, config: DiagnosisConfig,
-                 host_seen_ns: dict[str, int] | None = None) -> JobDiagnosis:
-    """Load one job's window from the store and run every detector on it."""
-    frames = load_job_frames(store, info.job, now_ns, window_steps=config.stragglers.window_steps)
+                 host_seen_ns: dict[str, int] | None = None, cache: StepCache | None = None) -> JobDiagnosis:
+    """Load one job's window, reduced by the store (:mod:`.rollups`), and run every detector."""
+    frames = load_reduced_frames(store, info.job, now_ns, cache if cache is not None else _DEFAULT_CACHE,
+                                 info.topology.world_size, info.num_microbatches,
+                                 window_steps=config.stragglers.window_steps)
     frames.host_seen_ns = dict(host_seen_ns or {})
     return diagnose(info, frames, now_ns, config)
 
@@ -80,10 +90,18 @@ class DiagnosisLoop(PeriodicAlertingService):
 
     name = "fleetscope-diagnosis"
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, lease_owner: str | None = None) -> None:
         s = app.state.settings
         super().__init__(app, float(getattr(s, "diagnosis_tick_s", 2.0)))
         self.max_jobs = int(getattr(s, "diagnosis_max_jobs_per_tick", 8))
+        self.cache = StepCache(int(getattr(s, "diagnosis_cache_jobs", 16)))
+        self.concurrency = int(getattr(s, "diagnosis_concurrency", 2))
+        self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="fleetscope-diag")
+        self.lease_owner = lease_owner
+        """Set in a worker process: every pass first claims the job's lease in the SQL DB."""
+        self.lease_s = max(30.0, 5 * float(getattr(s, "diagnosis_tick_s", 2.0)))
+        self.pass_s: dict[str, float] = {}
+        """job -> duration of its latest full pass (s)."""
         self.resolve_after_s = float(getattr(s, "incident_resolve_s", 20.0))
         self.base_url = str(getattr(s, "public_url", "") or "")
         self.config = config_from_settings(s)
@@ -106,6 +124,22 @@ class DiagnosisLoop(PeriodicAlertingService):
         await asyncio.to_thread(self._install_defaults)
         self.app.state.diagnosis = self
 
+    async def stop(self) -> None:
+        await super().stop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def release_leases(self) -> None:
+        if self.lease_owner:
+            with self.app.state.db() as s:
+                leases.release_all(s, self.lease_owner)
+
+    def _claim(self, job: str) -> bool:
+        """This process may diagnose ``job`` now (always, without a lease owner)."""
+        if not self.lease_owner:
+            return True
+        with self.app.state.db() as s:
+            return leases.claim(s, job, self.lease_owner, time.time_ns(), self.lease_s)
+
     def _install_defaults(self) -> None:
         with self.app.state.db() as s:
             install_defaults(s)
@@ -113,7 +147,7 @@ class DiagnosisLoop(PeriodicAlertingService):
     def active_jobs(self, now_ns: int) -> list[Job]:
         with self.app.state.db() as s:
             rows = list(s.scalars(select(Job).where(or_(
-                Job.status == "running",
+                Job.status.in_(LIVE_STATUSES),
                 Job.updated_ns >= now_ns - int(RECENT_FAILED_S * 1e9),
             )).order_by(Job.id)))
         return rows
@@ -138,7 +172,7 @@ class DiagnosisLoop(PeriodicAlertingService):
             n = min(self.max_jobs, len(live))
             picked = [live[(self._cursor + i) % len(live)] for i in range(n)]
             self._cursor = (self._cursor + n) % len(live)
-            picked.sort(key=lambda j: j.status != "running")  # stable: round-robin order within
+            picked.sort(key=lambda j: j.status not in LIVE_STATUSES)  # stable: round-robin order within
             queued += self._run_jobs(picked)
         self.num_ticks += 1
         return queued
@@ -170,8 +204,12 @@ class DiagnosisLoop(PeriodicAlertingService):
         return self._run_jobs([by_id[k] for k in sorted(due & set(by_id))][: self.max_jobs], full=False)
 
     def _run_jobs(self, rows: list[Job], full: bool = True) -> int:
-        """Diagnose ``rows`` in order: all detectors, or the hang analysis alone."""
-        return sum(self._guarded(self.run_job if full else self.run_hang_job, row) for row in rows)
+        """Diagnose ``rows``: all detectors, or the hang analysis alone; up to
+        ``diagnosis_concurrency`` jobs at once (in round-robin order)."""
+        fn = self.run_job if full else self.run_hang_job
+        if len(rows) <= 1 or self.concurrency <= 1:
+            return sum(self._guarded(fn, row) for row in rows)
+        return sum(self._pool.map(lambda row: self._guarded(fn, row), rows))
 
     def _guarded(self, fn: Any, row: Job) -> int:
         """Run ``fn(row)`` unless a pass of the same job runs in the other thread."""
@@ -182,6 +220,10 @@ class DiagnosisLoop(PeriodicAlertingService):
                 self._due_ns[row.id] = time.time_ns() + int(MIN_RECHECK_S * 1e9)
             return 0
         try:
+            if not self._claim(row.id):  # another worker diagnoses this job
+                self._due_ns.pop(row.id, None)
+                self.cache.drop(row.id)
+                return 0
             return fn(row)
         except Exception:
             self._due_ns.pop(row.id, None)
@@ -203,7 +245,7 @@ class DiagnosisLoop(PeriodicAlertingService):
         self._due_ns.pop(row.id, None)
         final: list = []
         try:
-            result = diagnose_job(self.app.state.store, job_info(row), now, self.config)
+            result = diagnose_job(self.app.state.store, job_info(row), now, self.config, cache=self.cache)
             self.latest[row.id] = result
             final = [f for f in result.findings if f.kind not in POST_MORTEM_SKIP]
         except Exception:
@@ -214,6 +256,7 @@ class DiagnosisLoop(PeriodicAlertingService):
             # resolved alerts go only where a firing one went: the new ones page nobody
             queued = sum(enqueue_incident(s, ch.incident, now, self.base_url) for ch in changes)
         self._closed[row.id] = row.updated_ns
+        self.cache.drop(row.id)
         self._wake_dispatcher(queued)
         return queued
 
@@ -221,8 +264,9 @@ class DiagnosisLoop(PeriodicAlertingService):
         """Diagnose one job now: incidents, alert rows, when its stall rules are next due."""
         now_ns = time.time_ns()
         info = job_info(row)
-        result = diagnose_job(self.app.state.store, info, now_ns, self.config, self._host_seen())
+        result = diagnose_job(self.app.state.store, info, now_ns, self.config, self._host_seen(), self.cache)
         self.latest[info.job] = result
+        self._set_lost(row, result.findings)
         self._last_tick[info.job] = self.num_ticks
         h = result.hang
         verdict = (h.stalled, h.culprits, h.hang_class, h.group_id)
@@ -237,6 +281,7 @@ class DiagnosisLoop(PeriodicAlertingService):
                     queued += enqueue_incident(s, ch.incident, time.time_ns(), self.base_url)
         self._wake_dispatcher(queued)
         took_s = (time.time_ns() - now_ns) / 1e9
+        self.pass_s[info.job] = took_s
         if took_s > self.tick_s:
             log.info("diagnosis pass of job %s took %.1f s (tick %.1f s)", info.job, took_s, self.tick_s)
         return queued
@@ -246,15 +291,16 @@ class DiagnosisLoop(PeriodicAlertingService):
         the straggler/what-if/MFU work (most of a full pass), and a hang incident at once."""
         now_ns = time.time_ns()
         info = job_info(row)
-        frames = load_job_frames(self.app.state.store, info.job, now_ns,
-                                 window_steps=self.config.stragglers.window_steps, hardware=False)
+        frames = load_reduced_frames(self.app.state.store, info.job, now_ns, self.cache, info.topology.world_size,
+                                     info.num_microbatches, window_steps=self.config.stragglers.window_steps,
+                                     hardware=False, hang_only=True)
         frames.host_seen_ns = self._host_seen()
         hang, findings = diagnose_hang(info, frames, now_ns, self.config)
         self._schedule(info.job, hang.due_in_s, now_ns)
         cached = self.latest.get(info.job)
         if cached is not None:
             cached.hang = hang
-        findings = [f for f in findings if f.kind == FindingKind.HANG]
+        findings = [f for f in findings if f.kind == FindingKind.HANG or f.evidence.get("silence")]
         if not findings:
             return 0
         with self.app.state.db() as s:  # hardware evidence joins at the next full pass
@@ -262,6 +308,18 @@ class DiagnosisLoop(PeriodicAlertingService):
             queued = sum(enqueue_incident(s, ch.incident, time.time_ns(), self.base_url) for ch in changes)
         self._wake_dispatcher(queued)
         return queued
+
+    def _set_lost(self, row: Job, findings: list) -> None:
+        """``lost`` while nothing arrives from the job (a job-silence finding), ``running``
+        again once telemetry resumes."""
+        silent = any(f.evidence.get("silence") == "job" for f in findings)
+        new = "lost" if silent and row.status == "running" else "running" if not silent and row.status == "lost" else ""
+        if not new:
+            return
+        with self.app.state.db() as s:
+            s.execute(update(Job).where(Job.id == row.id, Job.status == row.status).values(status=new))
+            s.commit()
+        log.warning("job %s: status %s -> %s", row.id, row.status, new)
 
     def _host_seen(self) -> dict[str, int]:
         """Host -> when the server last received a batch from its agent (proof of life)."""
@@ -282,9 +340,19 @@ class DiagnosisLoop(PeriodicAlertingService):
 
 
 def diagnosis_loop(app: Any) -> Any:
-    """Service factory for :data:`fleetscope.server.services.SERVICES`."""
-    if not getattr(app.state.settings, "diagnosis_enabled", True):
-        from fleetscope.server.alerts.service import DisabledService
+    """Service factory for :data:`fleetscope.server.services.SERVICES`: the diagnosis
+    worker process (``diagnosis_worker=process``, the default), the loop in this process
+    (``thread``), or nothing (``off``: workers run elsewhere, ``fleetscope worker``)."""
+    from fleetscope.server.alerts.service import DisabledService
 
+    s = app.state.settings
+    mode = str(getattr(s, "diagnosis_worker", "thread"))
+    if not getattr(s, "diagnosis_enabled", True) or mode == "off":
         return DisabledService()
+    if mode == "process" and int(getattr(s, "port", 0) or 0) > 0:
+        from .worker import WorkerProcess
+
+        return WorkerProcess(app)
+    if mode == "process":
+        log.warning("diagnosis_worker=process needs a fixed --port; running the loop in this process")
     return DiagnosisLoop(app)

@@ -121,6 +121,8 @@ def progress_stall(
     hang_k: float,
     min_history_steps: int,
     min_blocked_s: float,
+    gaps: pd.Series | None = None,
+    quiet_since_ns: int | None = None,
 ) -> ProgressStall:
     """Is the whole job silent - no traced op completing anywhere - for too long?
 
@@ -137,11 +139,18 @@ def progress_stall(
         hang_k: multiple of the history's p99 gap.
         min_history_steps: complete steps after warm-up needed before judging.
         min_blocked_s: an op in flight this long at its record's time is one a rank waits in.
+        gaps: per step, its longest job-wide completion gap (s), already reduced (by
+            ClickHouse, :mod:`.rollups`) for the steps after warm-up up to ``last_step``;
+            with ``quiet_since_ns`` (the newest completion) it replaces the raw frames.
     """
-    events = completions(collectives, sections)
-    quiet_since = int(events["t_ns"].max()) if not events.empty else 0
-    hist = events[(events["step"] > first_step) & (events["step"] <= last_step)]
-    gaps = step_gaps(hist)
+    if gaps is None or quiet_since_ns is None:
+        events = completions(collectives, sections)
+        quiet_since = int(events["t_ns"].max()) if not events.empty else 0
+        hist = events[(events["step"] > first_step) & (events["step"] <= last_step)]
+        gaps = step_gaps(hist)
+    else:
+        quiet_since = int(quiet_since_ns)
+        gaps = gaps[(gaps.index > first_step) & (gaps.index <= last_step)]
     history_gap = float(np.percentile(gaps.to_numpy(), 99)) if len(gaps) else 0.0
     threshold = max(hang_op_min_s, hang_k * history_gap)
     horizon, unknown = _horizon(ranks, inflight, heartbeats)

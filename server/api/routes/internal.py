@@ -1,0 +1,73 @@
+"""Internal routes for diagnosis workers that run in their own process.
+
+With the embedded store (chdb) one process - the server - owns the store directory, so
+a worker process (``fleetscope worker``) reaches the store through these routes: it
+names one of the diagnosis queries (:func:`fleetscope.server.diagnosis.loader.named_queries`;
+never SQL text) with its parameters and gets the result as an Arrow IPC stream. The
+queries return reductions (O(ranks) rows), so the transfer stays small. It also reads
+when each host's agent last delivered a batch (the collector's memory) and wakes the
+alert dispatcher after queueing notifications. Behind the same bearer token as the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pyarrow as pa
+from fastapi import APIRouter, HTTPException, Request, Response
+from fleetscope.server.api.deps import StoreDep
+from fleetscope.server.diagnosis.loader import named_queries
+from pydantic import BaseModel, Field
+
+router = APIRouter(tags=["internal"], prefix="/internal/diagnosis")
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+_QUERIES = named_queries()
+
+
+class QueryIn(BaseModel):
+    name: str = Field(description="a diagnosis query name", max_length=64)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+@router.post("/query", response_class=Response, responses={200: {"content": {ARROW_STREAM: {}}}})
+async def query(body: QueryIn, store: StoreDep) -> Response:
+    """Run one named diagnosis query; the rows as an Arrow IPC stream."""
+    sql = _QUERIES.get(body.name)
+    if sql is None:
+        raise HTTPException(422, detail=f"name {body.name!r}: not a diagnosis query")
+    try:
+        table = await asyncio.to_thread(_arrow, store, sql, body.params)
+    except Exception as e:  # a bad parameter: ClickHouse names it
+        raise HTTPException(422, detail=f"query {body.name}: {str(e).splitlines()[0][:300]}") from None
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return Response(sink.getvalue().to_pybytes(), media_type=ARROW_STREAM)
+
+
+def _arrow(store: Any, sql: str, params: dict[str, Any]) -> pa.Table:
+    """The query as an Arrow table (through the store's DataFrame path, the one every other
+    caller of the embedded engine takes)."""
+    df = store.query_df(sql, params)
+    for c in df.columns:  # nullable extension ints -> plain numpy (no NULLs in these queries)
+        if str(df[c].dtype) in ("UInt8", "UInt16", "UInt32", "UInt64", "Int8", "Int16", "Int32", "Int64"):
+            df[c] = df[c].astype("int64")
+    return pa.Table.from_pandas(df, preserve_index=False)
+
+
+@router.get("/host-seen")
+def host_seen(request: Request) -> dict[str, int]:
+    """Host -> server time (ns) of the latest batch its agent delivered to this server."""
+    collector = getattr(request.app.state, "collector", None)
+    return dict(getattr(collector, "host_seen_ns", None) or {})
+
+
+@router.post("/wake-alerts")
+def wake_alerts(request: Request) -> dict[str, bool]:
+    """Deliver newly queued alert notifications now rather than at the next poll."""
+    d = getattr(request.app.state, "alert_dispatcher", None)
+    if d is not None and hasattr(d, "wake"):
+        d.wake()
+        return {"woken": True}
+    return {"woken": False}

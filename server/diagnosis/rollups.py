@@ -1,0 +1,431 @@
+"""Per-rank-per-step reductions computed by ClickHouse, cached per step (incremental).
+
+The detectors take per-rank-per-step arrays; the raw ``sections`` and ``collectives``
+of a window (about 40 rows per rank per step, 10 M rows per 24-step window at 12,288
+ranks) never leave the store. For a range of steps ClickHouse computes, with the same
+arithmetic as :mod:`.breakdown` (window functions over each rank's ops and sections,
+a join of every op to its ``(group_id, seq)`` arrival statistics, the k-th send matched
+with the k-th receive, an ASOF join of ops into the top-level section they start in):
+
+* :data:`RANK_STEP_SQL` - per ``(rank, step)``: the breakdown columns
+  (:data:`.breakdown.BREAKDOWN_COLUMNS`), forward/backward own work per micro-batch
+  (for the what-if profile), arrival counts, median lateness and how long peers
+  waited for the rank in each group;
+* :data:`GROUP_STEP_SQL` - per ``(group_id, axis, step)``: link time (completion - last
+  arrival) as :func:`.breakdown.group_transfer` computes it and as the what-if profile
+  sums it;
+* :data:`STEP_GAPS_SQL` - per step: the longest job-wide gap between consecutive
+  completions (the op-progress hang rule's history, :mod:`.progress`);
+* :data:`MISMATCH_SQL` - the raw rows of the (rare) ``(group_id, seq)`` whose members
+  disagree on op, size or dtype.
+
+:class:`StepCache` keeps these per job and step. A pass asks ClickHouse only for the
+steps that are new, still open (the newest two), or whose raw row count in
+``step_rollup`` (maintained at insert time by materialized views) changed since they
+were computed (late data). So a steady-state pass reduces ~2 steps of raw events inside
+ClickHouse and moves O(ranks) rows.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fleetscope.server.store.ddl import ROLLUP_TABLE
+
+_P2P = "('send', 'recv', 'isend', 'irecv')"
+_RANGE = ("job = {job:String} AND attempt = {attempt:Int32} "
+          "AND step >= {from_step:Int64} AND step <= {to_step:Int64}")
+
+# Per-op arrivals of a step range: the arithmetic of breakdown.collective_arrivals.
+_ARRIVALS = f"""
+c AS (
+  SELECT rank, step, microbatch, group_id, axis, seq, op, bytes, peer, enqueued_ns, completed_ns,
+         greatest(completed_ns - enqueued_ns, 0) AS comm_ns, op IN {_P2P} AS p2p
+  FROM collectives
+  WHERE {_RANGE} AND state = 'completed' AND completed_ns >= 0
+  LIMIT 1 BY rank, group_id, seq, op, peer
+),
+g AS (
+  SELECT group_id, seq, max(enqueued_ns) AS last, count() AS n, min(completed_ns) AS first_done,
+         (quantileExactLow(0.5)(enqueued_ns) + quantileExactHigh(0.5)(enqueued_ns)) / 2 AS med,
+         argMax(rank, enqueued_ns) AS last_rank
+  FROM c WHERE NOT p2p GROUP BY group_id, seq
+),
+coll AS (
+  SELECT c.rank AS rank, c.step AS step, c.group_id AS group_id, c.axis AS axis, c.seq AS seq,
+         c.op AS op, c.bytes AS bytes, c.enqueued_ns AS enqueued_ns, c.comm_ns AS comm_ns,
+         least(g.last - c.enqueued_ns, c.comm_ns) AS wait_ns,
+         if(g.n > 1, toFloat64(c.enqueued_ns) - g.med, 0.) AS lateness_ns,
+         c.rank = g.last_rank AND g.n > 1 AS is_last,
+         greatest(g.first_done - g.last, 0) AS transfer_ns, g.last_rank AS waited_on_rank
+  FROM c INNER JOIN g ON c.group_id = g.group_id AND c.seq = g.seq
+  WHERE NOT c.p2p
+),
+pk AS (
+  SELECT rank, step, group_id, axis, seq, op, bytes, peer, enqueued_ns, completed_ns, comm_ns,
+         toUInt8(op IN ('send', 'isend')) AS is_send, if(is_send, rank, peer) AS src,
+         if(is_send, peer, rank) AS dst, 1 - is_send AS want,
+         row_number() OVER (PARTITION BY step, src, dst, is_send ORDER BY enqueued_ns) AS k
+  FROM c WHERE p2p
+),
+p2p AS (
+  SELECT a.rank AS rank, a.step AS step, a.group_id AS group_id, a.axis AS axis, a.seq AS seq,
+         a.op AS op, a.bytes AS bytes, a.enqueued_ns AS enqueued_ns, a.comm_ns AS comm_ns,
+         if(b.hit = 1, b.enqueued_ns, a.enqueued_ns) AS other,
+         greatest(a.enqueued_ns, other) AS last_arr,
+         least(greatest(last_arr - a.enqueued_ns, 0), a.comm_ns) AS wait_ns,
+         toFloat64(a.enqueued_ns - other) AS lateness_ns, a.enqueued_ns > other AS is_last,
+         greatest(a.completed_ns - last_arr, 0) AS transfer_ns,
+         if(is_last, a.rank, a.peer) AS waited_on_rank
+  FROM pk AS a
+  LEFT JOIN (SELECT step, src, dst, k, is_send, enqueued_ns, 1 AS hit FROM pk) AS b
+    ON a.step = b.step AND a.src = b.src AND a.dst = b.dst AND a.k = b.k AND a.want = b.is_send
+),
+arr0 AS (
+  SELECT rank, step, group_id, axis, seq, op, bytes, enqueued_ns, comm_ns, wait_ns, lateness_ns,
+         is_last, transfer_ns, waited_on_rank FROM coll
+  UNION ALL
+  SELECT rank, step, group_id, axis, seq, op, bytes, enqueued_ns, comm_ns, wait_ns, lateness_ns,
+         is_last, transfer_ns, waited_on_rank FROM p2p
+),
+arr AS (
+  SELECT *, greatest(enqueued_ns + comm_ns, enqueued_ns) AS end_,
+         max(end_) OVER (PARTITION BY rank ORDER BY enqueued_ns
+                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered,
+         greatest(end_ - greatest(enqueued_ns, covered), 0) AS excl_ns
+  FROM arr0
+)"""
+
+RANK_STEP_SQL = f"""
+WITH {_ARRIVALS},
+s0 AS (
+  SELECT rank, step, microbatch, name, kind, start_ns, end_ns, duration_ns FROM sections
+  WHERE {_RANGE}
+  LIMIT 1 BY rank, step, microbatch, name, start_ns
+),
+s1 AS (
+  SELECT *, max(end_ns) OVER (PARTITION BY rank ORDER BY start_ns ASC, end_ns DESC
+                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end,
+         row_number() OVER (PARTITION BY rank ORDER BY start_ns ASC, end_ns DESC) AS rn
+  FROM s0
+),
+top AS (SELECT rank, step, microbatch, name, kind, start_ns, end_ns, duration_ns FROM s1
+        WHERE NOT (rn > 1 AND end_ns <= prev_end)),
+nested AS (
+  SELECT t.rank AS rank, t.start_ns AS start_ns, t.name AS name, t.microbatch AS microbatch,
+         sum(o.excl_ns) AS nested_ns
+  FROM (SELECT rank, enqueued_ns, excl_ns FROM arr) AS o
+  ASOF INNER JOIN top AS t ON o.rank = t.rank AND o.enqueued_ns >= t.start_ns
+  WHERE o.enqueued_ns < t.end_ns
+  GROUP BY rank, start_ns, name, microbatch
+),
+sec AS (
+  SELECT t.rank AS rank, t.step AS step,
+         sumIf(net, t.kind = 'compute') AS compute_ns, sumIf(net, t.kind = 'dataloader') AS dataloader_ns,
+         sumIf(net, t.kind = 'optimizer') AS optimizer_ns, sumIf(net, t.kind = 'other') AS other_ns,
+         sumMapIf([mb], [net], t.name = 'forward') AS fwd_, sumMapIf([mb], [net], t.name = 'backward') AS bwd_,
+         fwd_.1 AS fwd_k, fwd_.2 AS fwd_v, bwd_.1 AS bwd_k, bwd_.2 AS bwd_v
+  FROM (SELECT t.*, greatest(t.duration_ns - n.nested_ns, 0) AS net,
+               toUInt16(greatest(t.microbatch, 0) % {{num_mb:UInt16}}) AS mb
+        FROM top AS t LEFT JOIN nested AS n
+          ON t.rank = n.rank AND t.start_ns = n.start_ns AND t.name = n.name AND t.microbatch = n.microbatch) AS t
+  GROUP BY rank, step
+),
+ra AS (
+  SELECT rank, step, sum(excl_ns) AS comm_ns, sum(wait_ns) AS wait_ns, count() AS num_collectives,
+         countIf(is_last) AS num_last_arrivals,
+         (quantileExactLow(0.5)(lateness_ns) + quantileExactHigh(0.5)(lateness_ns)) / 2 AS lateness_med_ns
+  FROM arr GROUP BY rank, step
+),
+caused AS (
+  SELECT waited_on_rank AS rank, step, sumIf(wait_ns, wait_ns > 0) AS wait_caused_ns,
+         sumMap([toString(group_id)], [wait_ns]) AS cg_, cg_.1 AS caused_k, cg_.2 AS caused_v
+  FROM arr WHERE NOT is_last GROUP BY rank, step
+),
+st AS (
+  SELECT rank, step, max(duration_ns) AS step_ns, min(start_ns) AS start_ns FROM steps
+  WHERE {_RANGE} GROUP BY rank, step
+)
+SELECT st.rank AS rank, st.step AS step, st.step_ns AS step_ns,
+       ra.comm_ns AS comm_ns, ra.wait_ns AS wait_ns, ra.num_collectives AS num_collectives,
+       ra.num_last_arrivals AS num_last_arrivals, ra.lateness_med_ns AS lateness_med_ns,
+       caused.wait_caused_ns AS wait_caused_ns, caused.caused_k AS caused_k, caused.caused_v AS caused_v,
+       sec.compute_ns AS compute_ns, sec.dataloader_ns AS dataloader_ns,
+       sec.optimizer_ns AS optimizer_ns, sec.other_ns AS other_ns,
+       sec.fwd_k AS fwd_k, sec.fwd_v AS fwd_v, sec.bwd_k AS bwd_k, sec.bwd_v AS bwd_v
+FROM st
+LEFT JOIN ra ON st.rank = ra.rank AND st.step = ra.step
+LEFT JOIN caused ON st.rank = caused.rank AND st.step = caused.step
+LEFT JOIN sec ON st.rank = sec.rank AND st.step = sec.step
+SETTINGS join_use_nulls = 0
+"""
+
+GROUP_STEP_SQL = f"""
+WITH {_ARRIVALS},
+per_op AS (  -- breakdown.group_transfer: a collective op once per group, each p2p receive
+  SELECT group_id, axis, step, seq, min(transfer_ns) AS t, max(bytes) AS b FROM arr
+  WHERE op NOT IN {_P2P} GROUP BY group_id, axis, step, seq
+  UNION ALL
+  SELECT group_id, axis, step, seq, transfer_ns AS t, bytes AS b FROM arr WHERE op IN ('recv', 'irecv')
+),
+gt AS (
+  SELECT group_id, axis, step, sum(t) AS gt_transfer_ns,
+         (quantileExactLow(0.5)(t) + quantileExactHigh(0.5)(t)) / 2 AS op_transfer_ns,
+         count() AS num_ops, sum(b) AS bytes
+  FROM per_op GROUP BY group_id, axis, step
+),
+link AS (  -- whatif.profile_from_frames: min per (group, step, seq, op), sends left out
+  SELECT group_id, axis, step, sum(t) AS transfer_ns FROM (
+    SELECT group_id, axis, step, seq, op, min(transfer_ns) AS t FROM arr
+    WHERE op NOT IN ('send', 'isend') GROUP BY group_id, axis, step, seq, op)
+  GROUP BY group_id, axis, step
+)
+SELECT gt.group_id AS group_id, gt.axis AS axis, gt.step AS step, gt.gt_transfer_ns AS gt_transfer_ns,
+       gt.op_transfer_ns AS op_transfer_ns, gt.num_ops AS num_ops, gt.bytes AS bytes,
+       link.transfer_ns AS transfer_ns
+FROM gt LEFT JOIN link ON gt.group_id = link.group_id AND gt.axis = link.axis AND gt.step = link.step
+SETTINGS join_use_nulls = 0
+"""
+
+STEP_GAPS_SQL = """
+SELECT step, max(gap) / 1e9 AS gap_s FROM (
+  SELECT step, t - lagInFrame(t, 1, t) OVER (ORDER BY t ASC
+                                             ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS gap
+  FROM (
+    SELECT step, completed_ns AS t FROM collectives
+    WHERE job = {job:String} AND attempt = {attempt:Int32}
+      AND step >= {ctx_step:Int64} AND step <= {to_step:Int64} AND state = 'completed'
+    UNION ALL
+    SELECT step, end_ns AS t FROM sections
+    WHERE job = {job:String} AND attempt = {attempt:Int32}
+      AND step >= {ctx_step:Int64} AND step <= {to_step:Int64}
+  ) WHERE t > 0 AND step > {first_step:Int64}
+)
+WHERE step >= {from_step:Int64}
+GROUP BY step
+"""
+
+QUIET_SINCE_SQL = """
+SELECT max(t) AS t FROM (
+  SELECT max(completed_ns) AS t FROM collectives
+  WHERE job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:Int64}
+    AND state = 'completed'
+  UNION ALL
+  SELECT max(end_ns) AS t FROM sections
+  WHERE job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:Int64}
+)
+"""
+
+MISMATCH_SQL = f"""
+WITH bad AS (
+  SELECT group_id, seq FROM collectives
+  WHERE {_RANGE} AND op NOT IN {_P2P}
+  GROUP BY group_id, seq
+  HAVING uniqExact(op) > 1 OR uniqExact(bytes) > 1 OR uniqExact(dtype) > 1
+  LIMIT 16
+)
+SELECT rank, step, group_id, seq, op, bytes, dtype FROM collectives
+WHERE {_RANGE} AND (group_id, seq) IN (SELECT group_id, seq FROM bad)
+LIMIT 1 BY rank, group_id, seq, op
+"""
+
+STEP_COUNTS_SQL = f"""
+SELECT step, sum(num_collectives) + sum(num_sections) AS n_raw, max(step_ns) > 0 AS has_marker
+FROM {ROLLUP_TABLE}
+WHERE {_RANGE}
+GROUP BY step
+"""
+
+QUERIES: dict[str, str] = {
+    "rank_step": RANK_STEP_SQL, "group_step": GROUP_STEP_SQL, "step_gaps": STEP_GAPS_SQL,
+    "quiet_since": QUIET_SINCE_SQL, "mismatch": MISMATCH_SQL, "step_counts": STEP_COUNTS_SQL,
+}
+"""Named diagnosis queries (a remote worker sends the name, never SQL text)."""
+
+INT_COLS = ("step_ns", "comm_ns", "wait_ns", "num_collectives", "num_last_arrivals", "wait_caused_ns",
+            "compute_ns", "dataloader_ns", "optimizer_ns", "other_ns")
+
+
+@dataclass
+class StepData:
+    """The reductions of one step of one job attempt."""
+
+    n_raw: int
+    rank_step: pd.DataFrame
+    group_step: pd.DataFrame
+    gap_s: float | None
+    mismatch: pd.DataFrame
+
+
+@dataclass
+class JobCache:
+    attempt: int
+    num_mb: int
+    steps: dict[int, StepData] = field(default_factory=dict)
+
+
+class StepCache:
+    """Per job: the reductions of the steps of its window, bounded to ``max_jobs`` jobs (LRU)."""
+
+    def __init__(self, max_jobs: int = 16) -> None:
+        self.max_jobs = max_jobs
+        self._jobs: OrderedDict[str, JobCache] = OrderedDict()
+        self._lock = threading.Lock()
+        self.steps_computed = 0
+        self.steps_reused = 0
+
+    def get(self, job: str, attempt: int, num_mb: int) -> JobCache:
+        with self._lock:
+            jc = self._jobs.get(job)
+            if jc is None or jc.attempt != attempt or jc.num_mb != num_mb:
+                jc = JobCache(attempt, num_mb)
+                self._jobs[job] = jc
+            self._jobs.move_to_end(job)
+            while len(self._jobs) > self.max_jobs:
+                self._jobs.popitem(last=False)
+            return jc
+
+    def drop(self, job: str) -> None:
+        with self._lock:
+            self._jobs.pop(job, None)
+
+    def nbytes(self) -> int:
+        """Approximate memory held (the frames' numeric columns)."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        return sum(int(d.rank_step.memory_usage(deep=False).sum() + d.group_step.memory_usage(deep=False).sum())
+                   for jc in jobs for d in list(jc.steps.values()))
+
+
+def _ranges(steps: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs of sorted steps as (first, last)."""
+    out: list[tuple[int, int]] = []
+    for s in steps:
+        if out and s == out[-1][1] + 1:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return out
+
+
+def _fix(df: pd.DataFrame) -> pd.DataFrame:
+    for c in df.columns:
+        if c in INT_COLS or c in ("rank", "step", "num_ops", "bytes", "seq"):
+            df[c] = pd.to_numeric(df[c], errors="coerce").fillna(0).astype("int64")
+    return df
+
+
+def refresh(store: Any, cache: JobCache, job: str, from_step: int, last_step: int, first_step: int,
+            open_steps: int = 2, gaps_only: bool = False) -> dict[str, int]:
+    """Bring ``cache`` up to date for steps ``from_step .. last_step + 1``; drop older steps.
+
+    ``gaps_only`` (the hang pass): only steps with no cached op gap get one (cheap);
+    nothing else is recomputed. Returns counts (steps computed, reused).
+    """
+    to_step = last_step + 1
+    p = {"job": job, "attempt": cache.attempt, "from_step": from_step, "to_step": to_step}
+    if gaps_only:
+        missing = [s for s in range(from_step, last_step + 1)
+                   if s > first_step and (s not in cache.steps or cache.steps[s].gap_s is None)]
+        for lo, hi in _ranges(missing):
+            ctx = lo - 1 if lo - 1 > first_step and lo > from_step else lo
+            gaps = store.query_df(STEP_GAPS_SQL, {**p, "from_step": lo, "to_step": hi, "ctx_step": ctx,
+                                                  "first_step": first_step})
+            for st, v in zip(gaps["step"], gaps["gap_s"]) if not gaps.empty else ():
+                have = cache.steps.get(int(st))
+                if have is None:  # no reductions yet: n_raw -1 makes the next full pass compute it
+                    cache.steps[int(st)] = StepData(-1, pd.DataFrame(), pd.DataFrame(), float(v), pd.DataFrame())
+                else:
+                    have.gap_s = float(v)
+        return {"computed": 0, "reused": 0, "gaps": len(missing)}
+    counts = store.query_df(STEP_COUNTS_SQL, p)
+    n_raw = {int(s): int(n) for s, n in zip(counts["step"], counts["n_raw"])} if not counts.empty else {}
+    for s in [s for s in cache.steps if s < from_step or s > to_step]:
+        del cache.steps[s]
+    todo = []
+    for s in range(from_step, to_step + 1):
+        have = cache.steps.get(s)
+        if have is None or s > last_step - open_steps or have.n_raw != n_raw.get(s, 0):
+            todo.append(s)
+    reused = (to_step - from_step + 1) - len(todo)
+    for lo, hi in _ranges(todo):
+        q = {**p, "from_step": lo, "to_step": hi, "num_mb": cache.num_mb}
+        rs = _fix(store.query_df(RANK_STEP_SQL, q))
+        gs = _fix(store.query_df(GROUP_STEP_SQL, q))
+        ctx = lo - 1 if lo - 1 > first_step and lo > from_step else lo
+        gaps = store.query_df(STEP_GAPS_SQL, {**q, "ctx_step": ctx, "to_step": min(hi, last_step),
+                                              "first_step": first_step})
+        gap = {int(s): float(v) for s, v in zip(gaps["step"], gaps["gap_s"])} if not gaps.empty else {}
+        mm = store.query_df(MISMATCH_SQL, q)
+        for s in range(lo, hi + 1):
+            cache.steps[s] = StepData(
+                n_raw.get(s, 0),
+                rs[rs["step"] == s].reset_index(drop=True) if not rs.empty else rs,
+                gs[gs["step"] == s].reset_index(drop=True) if not gs.empty else gs,
+                gap.get(s),
+                mm[mm["step"] == s] if not mm.empty else mm,
+            )
+    return {"computed": len(todo), "reused": reused}
+
+
+@dataclass
+class Reduced:
+    """What the detectors need from a window, reduced by ClickHouse."""
+
+    breakdown: pd.DataFrame
+    """Per (rank, step): :data:`.breakdown.BREAKDOWN_COLUMNS` plus ``lateness_med_ns``."""
+    groups: pd.DataFrame
+    """Per (group_id, axis, step): group_transfer and profile link columns."""
+    gaps: pd.Series
+    """Per step (after warm-up, up to the last complete step): longest job-wide gap (s)."""
+    mismatch_rows: pd.DataFrame
+    fwd: dict[int, np.ndarray] = field(default_factory=dict)
+    """step -> (world_size, num_mb) forward own work (NaN where no section)."""
+    bwd: dict[int, np.ndarray] = field(default_factory=dict)
+    caused_by_group: dict[tuple[int, int], dict[str, int]] = field(default_factory=dict)
+    """(rank, step) -> group -> time peers waited for the rank there."""
+    quiet_since_ns: int = 0
+
+
+def _mb_matrix(rows: pd.DataFrame, col: str, world: int, num_mb: int) -> np.ndarray:
+    """(world, num_mb) matrix from the per-rank ``{col}_k`` / ``{col}_v`` array columns."""
+    m = np.full((world, num_mb), np.nan)
+    for r, ks, vs in zip(rows["rank"].to_numpy(), rows[f"{col}_k"], rows[f"{col}_v"]):
+        if 0 <= r < world and ks is not None:
+            for k, x in zip(ks, vs):
+                if 0 <= int(k) < num_mb:
+                    m[r, int(k)] = x
+    return m
+
+
+def assemble(cache: JobCache, world: int, from_step: int, last_step: int) -> Reduced:
+    """The window ``from_step .. last_step + 1`` from the cache as detector inputs."""
+    steps = [s for s in sorted(cache.steps) if from_step <= s <= last_step + 1]
+    rs = [cache.steps[s].rank_step for s in steps if not cache.steps[s].rank_step.empty]
+    gs = [cache.steps[s].group_step for s in steps if not cache.steps[s].group_step.empty]
+    mm = [cache.steps[s].mismatch for s in steps if not cache.steps[s].mismatch.empty]
+    bd = pd.concat(rs, ignore_index=True) if rs else pd.DataFrame()
+    if not bd.empty:  # as breakdown.rank_step_breakdown: own work = step time - communication
+        bd["busy_ns"] = (bd["step_ns"] - bd["comm_ns"]).clip(lower=0)
+        timed = bd["compute_ns"] + bd["dataloader_ns"] + bd["optimizer_ns"] + bd["other_ns"]
+        bd["untimed_ns"] = (bd["busy_ns"] - timed).clip(lower=0)
+    out = Reduced(
+        breakdown=bd,
+        groups=pd.concat(gs, ignore_index=True) if gs else pd.DataFrame(),
+        gaps=pd.Series({s: cache.steps[s].gap_s for s in steps
+                        if s <= last_step and cache.steps[s].gap_s is not None}, dtype="float64"),
+        mismatch_rows=pd.concat(mm, ignore_index=True) if mm else pd.DataFrame(),
+    )
+    for s in steps:
+        r = cache.steps[s].rank_step
+        if r.empty:
+            continue
+        out.fwd[s] = _mb_matrix(r, "fwd", world, cache.num_mb)
+        out.bwd[s] = _mb_matrix(r, "bwd", world, cache.num_mb)
+    return out

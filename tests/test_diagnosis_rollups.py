@@ -1,0 +1,119 @@
+"""The ClickHouse-reduced diagnosis path (server/diagnosis/rollups.py) against the pandas
+one over raw events: the same synthetic jobs, written to a real chdb store, give the same
+per-rank-per-step breakdown, link times and op gaps, and the same findings and culprits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from fleetscope.server.diagnosis import rollups
+from fleetscope.server.diagnosis.breakdown import group_transfer, rank_step_breakdown
+from fleetscope.server.diagnosis.engine import JobInfo, diagnose
+from fleetscope.server.diagnosis.loader import load_job_frames, load_reduced_frames
+from fleetscope.server.diagnosis.progress import completions, step_gaps
+from fleetscope.server.diagnosis.synthetic import SynthJob
+from fleetscope.server.store import Store
+
+from fleetscope.topology import Topology
+
+SCENARIOS = {
+    "clean": {},
+    "slow-compute-5": {"compute_factor": lambda r, s: 1.3 if r == 5 and s >= 10 else 1.0},
+    "slow-compute-1": {"compute_factor": lambda r, s: 1.3 if r == 1 and s >= 10 else 1.0},
+    "ten-percent-6": {"compute_factor": lambda r, s: 1.1 if r == 6 and s >= 8 else 1.0},
+    "dataloader-2": {"dl_factor": lambda r, s: 4.0 if r == 2 and s >= 10 else 1.0},
+    "late-3": {"pause_ms": lambda r, s: 15.0 if r == 3 and s >= 5 else 0.0},
+    "gc-4": {"pause_ms": lambda r, s: 80.0 if r == 4 and s % 5 == 2 else 0.0},
+    "link-tp": {"link_factor": lambda g, s: 8.0 if g == "tp.pp0.dp1" and s >= 6 else 1.0},
+    "link-dp": {"link_factor": lambda g, s: 8.0 if g == "dp.pp0.tp1" and s >= 6 else 1.0},
+    "two-0-7": {"compute_factor": lambda r, s: 1.3 if r in (0, 7) and s >= 8 else 1.0},
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    st = Store.open(f"chdb://{tmp_path_factory.mktemp('rollups') / 'store'}", ttl_days=0)
+    yield st
+    st.close()
+
+
+def _write(store, frames: dict[str, pd.DataFrame]) -> None:
+    for table in ("sections", "collectives", "steps"):
+        store.insert_arrow(table, pa.Table.from_pandas(frames[table], preserve_index=False))
+
+
+def _job(store, name: str, **kw) -> tuple[SynthJob, dict[str, pd.DataFrame]]:
+    job = SynthJob(job=name, **kw)
+    frames = job.build()
+    _write(store, frames)
+    return job, frames
+
+
+def _info(job: SynthJob) -> JobInfo:
+    return JobInfo(job=job.job, topology=job.topo, num_microbatches=job.num_mb)
+
+
+def _sig(findings):
+    return sorted((f.kind.value, f.ranks, f.group_id) for f in findings)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_reduced_findings_match_pandas_over_raw_events(store, name):
+    job, f = _job(store, f"rollup-{name}", **SCENARIOS[name])
+    now = int(f["steps"]["end_ns"].max()) + 10**9
+    raw = diagnose(_info(job), load_job_frames(store, job.job, now), now)
+    red_frames = load_reduced_frames(store, job.job, now, rollups.StepCache(), job.topo.world_size, job.num_mb)
+    assert red_frames.sections.empty and red_frames.collectives.empty  # no raw events left the store
+    red = diagnose(_info(job), red_frames, now)
+    assert _sig(red.findings) == _sig(raw.findings)
+    if name != "clean":
+        assert red.findings, name
+    for a, b in zip(sorted(raw.findings, key=lambda x: x.key), sorted(red.findings, key=lambda x: x.key)):
+        assert b.est_slowdown == pytest.approx(a.est_slowdown, abs=1e-3)
+        assert (b.first_step, b.last_step) == (a.first_step, a.last_step)
+        for k in ("last_arrival_frac", "peers_waited_ms_per_step", "busy_ms", "peer_busy_ms"):
+            if k in a.evidence:
+                assert b.evidence[k] == pytest.approx(a.evidence[k], rel=1e-3, abs=1e-3), k
+        if "waited_in_groups" in a.evidence:
+            assert b.evidence["waited_in_groups"][:1] == a.evidence["waited_in_groups"][:1]
+    cols = ["rank", "step", "busy_ns", "comm_ns", "wait_ns", "compute_ns", "dataloader_ns", "wait_caused_ns"]
+    m = raw.breakdown[cols].merge(red.breakdown[cols], on=["rank", "step"], suffixes=("", "_r"))
+    assert len(m) == len(raw.breakdown) == len(red.breakdown)
+    for c in cols[2:]:
+        assert (m[c] - m[c + "_r"]).abs().max() == 0, c
+    np.testing.assert_allclose(red.profile.fwd_ns, raw.profile.fwd_ns)
+    np.testing.assert_allclose(red.profile.bwd_ns, raw.profile.bwd_ns)
+    assert red.profile.link_ns == pytest.approx(raw.profile.link_ns)
+
+
+def test_reductions_match_and_are_incremental(store):
+    job, f = _job(store, "rollup-incr", num_steps=14, topo=Topology(dp=2, tp=2, pp=3))
+    bd, arr = rank_step_breakdown(f["sections"], f["collectives"], f["steps"])
+    cache = rollups.StepCache()
+    jc = cache.get(job.job, 0, job.num_mb)
+    first = rollups.refresh(store, jc, job.job, 0, 13, 0)
+    assert first["computed"] == 15 and first["reused"] == 0
+    red = rollups.assemble(jc, job.topo.world_size, 0, 13)
+    gt = group_transfer(arr).merge(group_transfer(rollups_arrivals(red)), on=["group_id", "axis", "step"])
+    assert len(gt) == len(group_transfer(arr))
+    assert (gt["transfer_ns_x"] - gt["transfer_ns_y"]).abs().max() == 0
+    assert (gt["num_ops_x"] - gt["num_ops_y"]).abs().max() == 0
+    ev = completions(f["collectives"], f["sections"])
+    want = step_gaps(ev[(ev["step"] > 0) & (ev["step"] <= 13)])
+    assert red.gaps.sort_index().to_numpy() == pytest.approx(want.sort_index().to_numpy())
+    # a second pass recomputes only the open steps; late rows of an old step recompute it
+    again = rollups.refresh(store, jc, job.job, 0, 13, 0)
+    assert again["computed"] == 3 and again["reused"] == 12
+    late = f["sections"][(f["sections"]["step"] == 4) & (f["sections"]["rank"] == 0)].head(1).copy()
+    late["start_ns"] += 1
+    store.insert_arrow("sections", pa.Table.from_pandas(late, preserve_index=False))
+    third = rollups.refresh(store, jc, job.job, 0, 13, 0)
+    assert third["computed"] == 4
+
+
+def rollups_arrivals(red):
+    from fleetscope.server.diagnosis.breakdown import reduced_arrivals
+
+    return reduced_arrivals(red.groups)
