@@ -159,11 +159,21 @@ class AlertDispatcher:
         jobs = await asyncio.to_thread(self._claim, time.time_ns(), token)
         if not jobs:
             return 0
-        raw = await asyncio.gather(*(self._post(client, j) for j in jobs), return_exceptions=True)
-        results = [r if isinstance(r, Outcome) else Outcome(False, f"internal error: {type(r).__name__}")
-                   for r in raw]  # fmt: skip
-        await asyncio.to_thread(self._record, jobs, results, token)
-        return sum(1 for r in results if r.ok)
+        results = await asyncio.gather(*(self._deliver(client, j, token) for j in jobs))
+        return sum(1 for ok in results if ok)
+
+    async def _deliver(self, client: httpx.AsyncClient, job: Delivery, token: str) -> bool:
+        """Post one payload and record its outcome at once (not after the slowest receiver of
+        the pass), so a crash re-sends only what was really in flight."""
+        try:
+            res = await self._post(client, job)
+        except Exception as e:  # contained to this payload
+            res = Outcome(False, f"internal error: {type(e).__name__}")
+        try:
+            await asyncio.to_thread(self._record, [job], [res], token)
+        except Exception:  # the claim expires and the rows are delivered again
+            log.exception("recording a webhook delivery failed")
+        return res.ok
 
     def _claim(self, now: int, token: str) -> list[Delivery]:
         with self.db() as s:
