@@ -106,6 +106,8 @@ class AlertDispatcher:
     def _seal_legacy(self) -> None:
         from .secrets import seal_legacy
 
+        if self.secrets is None:
+            return
         try:
             with self.db() as s:
                 seal_legacy(s, self.secrets)

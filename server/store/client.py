@@ -113,7 +113,7 @@ deduplication token reaches the shards' replicated tables)."""
 
 
 def _connect(url: StoreURL) -> Any:
-    extra = {"settings": dict(CLUSTER_CLIENT_SETTINGS)} if url.cluster else {}
+    settings: dict[str, Any] | None = dict(CLUSTER_CLIENT_SETTINGS) if url.cluster else None
     try:
         if url.embedded:
             os.makedirs(url.path, exist_ok=True)
@@ -126,7 +126,7 @@ def _connect(url: StoreURL) -> Any:
             secure=url.scheme == "https",
             database="default",
             compress="lz4",
-            **extra,
+            settings=settings,
         )
         if url.database != "default":
             on_cluster = f" ON CLUSTER `{url.cluster}`" if url.cluster else ""
@@ -140,7 +140,7 @@ def _connect(url: StoreURL) -> Any:
                 secure=url.scheme == "https",
                 database=url.database,
                 compress="lz4",
-                **extra,
+                settings=settings,
             )
         return client
     except StoreURLError:

@@ -135,7 +135,9 @@ def _balanced(sql: str, start: int) -> int:
 
 def _split_top(inner: str) -> list[str]:
     """Split on commas at depth 0 (the items of a column list)."""
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for kind, text in _tokens(inner):
         if kind == "other" and text in "([":
             depth += 1
@@ -215,7 +217,7 @@ def parse_create_table(sql: str) -> TableDef | None:
         end = _balanced(after, lead)
         args, after = after[lead + 1:end - 1], after[end:]
     om = _ORDER_BY.search(after)
-    order = ()
+    order: tuple[str, ...] = ()
     if om:
         order = tuple(x.strip().strip("`") for x in om.group(1).strip("()").split(","))
     return TableDef(_name(m), tuple(cols), column_list, engine, args.strip(), after, order)
@@ -277,7 +279,8 @@ class Renderer:
         if t is not None:
             self.tables.add(t.name)
             local = t.name + LOCAL_SUFFIX
-            ine = "IF NOT EXISTS " if _CREATE_TABLE.match(sql).group("ine") else ""
+            head = _CREATE_TABLE.match(sql)
+            ine = "IF NOT EXISTS " if head is not None and head.group("ine") else ""
             create_local = (f"CREATE TABLE {ine}`{local}` {c.on} {t.column_list} "
                             f"ENGINE = {_replicated_engine(t)}{_replicated_rest(t.rest)}")  # fmt: skip
             create_dist = (f"CREATE TABLE {ine}`{t.name}` {c.on} AS `{local}`\n"
