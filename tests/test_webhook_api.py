@@ -87,7 +87,14 @@ def test_short_secret_gets_422_naming_the_field(server):
     base, _ = server
     r = HTTP.post(f"{base.api}/alerts/webhooks", json={"name": "s", "url": "https://hooks.example.com/x",
                                                        "secret": "x"})  # fmt: skip
-    assert r.status_code == 422 and "body.secret" in _loc(r) and "16 characters" in r.text
+    assert r.status_code == 422 and "body.secret" in _loc(r) and "16 to 500 characters" in r.text
+    long_secret = "S3CRET" * 100
+    r = HTTP.post(f"{base.api}/alerts/webhooks", json={"name": "s", "url": "https://hooks.example.com/x",
+                                                       "secret": long_secret})  # fmt: skip
+    assert r.status_code == 422 and "body.secret" in _loc(r) and "S3CRET" not in r.text  # never echoed
+    long_url = "https://hooks.example.com/" + "TOKEN" * 500
+    r = HTTP.post(f"{base.api}/alerts/webhooks", json={"name": "l", "url": long_url})
+    assert r.status_code == 422 and "body.url" in _loc(r) and "TOKEN" not in r.text
 
 
 def test_urls_are_redacted_and_secrets_sealed(server):

@@ -48,6 +48,7 @@ KEY = "k" * 40
     ("https://x:abc/", "not a valid URL"),
     ("ftp://hooks.example.com/", "scheme"),
     ("https://hooks.example.com/x#frag", "fragment"),
+    ("https://hooks.example.com/\ud800", "UTF-8"),  # a lone surrogate, as JSON can carry
 ])  # fmt: skip
 def test_guard_refuses_internal_targets_credentials_and_malformed_urls(url, reason):
     with pytest.raises(WebhookURLError, match=reason) as e:
@@ -245,3 +246,22 @@ def test_redacted_urls_show_no_path_query_or_credentials():
     assert redact_url("https://u:p@h.example:8443/a?token=1") == "https://h.example:8443/…"
     assert redact_url("http://[::1]:9/") == "http://[::1]:9/"
     assert "abc" not in redact_url("https://x:abc/")
+
+
+def test_send_now_applies_the_guard_and_opens_the_sealed_secret(db):
+    rx = Receiver()
+    box = SecretBox(KEY)
+    try:
+        ok_hook = Webhook(name="ok", url=f"http://127.0.0.1:{rx.port}/hook", secret=box.seal("s" * 20))
+        refused = Webhook(name="no", url="http://169.254.169.254/latest/meta-data/")
+        d = AlertDispatcher(db, guard=WebhookGuard("127.0.0.1"), secrets=box)
+
+        async def go():
+            async with httpx.AsyncClient() as client:
+                return await d.send_now(client, ok_hook, b"{}"), await d.send_now(client, refused, b"{}")
+
+        ok, no = asyncio.run(go())
+        assert ok.ok and verify("s" * 20, rx.got[0][0], rx.got[0][1])  # signed with the opened secret
+        assert not no.ok and no.permanent and "link-local" in no.error and len(rx.got) == 1
+    finally:
+        rx.close()

@@ -177,6 +177,22 @@ class AlertDispatcher:
             log.exception("recording a webhook delivery failed")
         return res.ok
 
+    async def send_now(self, client: httpx.AsyncClient, hook: Webhook, body: bytes) -> Outcome:
+        """POST ``body`` to ``hook`` once, outside the outbox (a test notification, say), with
+        everything a real delivery gets: the SSRF guard and pinning, the opened secret's
+        signature, the timeout cap, status-only errors. Never raises."""
+        base = Delivery(ids=[], hook_name=hook.name, url=hook.url, secret="", max_attempts=1,
+                        timeout_s=max(0.1, min(float(hook.timeout_s or 5.0), self.lease_s / 2)), body=body)
+        try:
+            stored = hook.secret or ""
+            base.secret = self.secrets.open(stored) if self.secrets is not None else stored
+        except SecretKeyError as e:
+            return Outcome(False, str(e))
+        try:
+            return await self._post(client, base)
+        except Exception as e:  # contained, as in a delivery pass
+            return Outcome(False, f"internal error: {type(e).__name__}")
+
     def _claim(self, now: int, token: str) -> list[Delivery]:
         with self.db() as s:
             groups = claim_due(s, now, token, int(self.lease_s * 1e9), self.batch)

@@ -78,6 +78,10 @@ def check_url(url: str) -> httpx.URL:
     if len(url) > MAX_URL_CHARS:
         raise WebhookURLError(f"longer than {MAX_URL_CHARS} characters")
     try:
+        url.encode("utf-8")
+    except UnicodeEncodeError:
+        raise WebhookURLError("is not valid UTF-8 text") from None
+    try:
         u = httpx.URL(url)
         _ = u.port  # httpx validates the port lazily on some inputs
     except Exception as e:

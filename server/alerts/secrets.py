@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 PREFIX = "fernet:v1:"
 MIN_SECRET_CHARS = 16
 """Shortest webhook secret accepted (as for the API token)."""
+MAX_SECRET_CHARS = 500
 MIN_KEY_CHARS = 32
 DEFAULT_KEY_FILE = Path(".fleetscope") / "webhook-secret.key"
 
