@@ -126,6 +126,7 @@ def start_server(work: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSCOPE_")}
     env["FLEETSCOPE_UI"] = "false"
+    env["FLEETSCOPE_WEBHOOK_ALLOW"] = "127.0.0.1"  # the bench's receiver is on loopback
     proc = subprocess.Popen(
         [PY, "-m", "fleetscope.cli", "server", "--store", f"chdb://{work / 'store'}",
          "--db", f"sqlite:///{work / 'control.db'}", "--host", "127.0.0.1", "--port", str(port)],
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     http = httpx.Client(timeout=60)
     results: list[Result] = []
     try:
-        http.post(f"{api}/alerts/webhooks", json={"name": "bench", "url": rx.url, "secret": "bench-secret"}).raise_for_status()
+        http.post(f"{api}/alerts/webhooks", json={"name": "bench", "url": rx.url, "secret": "bench-secret-0123456789"}).raise_for_status()
         print(f"{'scenario':<22}{'injected':<10}{'detected kinds':<34}{'culprits':<12}{'class':<20}"
               f"{'onset->finding s':>17}{'onset->webhook s':>17}  ok", flush=True)
         for sc in scs:

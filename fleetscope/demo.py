@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         ui=not args.no_ui,
         log_level="warning",
+        webhook_allow="127.0.0.1",  # the demo's own webhook receiver on loopback
     )
     app = create_app(settings)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))

@@ -110,6 +110,18 @@ class Settings(BaseSettings):
         if v not in ("process", "thread", "off"):
             raise ValueError(f"diagnosis_worker {v!r}: expected process, thread or off")
         return v
+    # ---- webhooks and the outbox (server/alerts) ----
+    webhook_allow: str = ""
+    """Webhook targets exempt from the SSRF guard (loopback, private, link-local and other
+    non-global addresses are refused otherwise): IP addresses, CIDR networks or exact host
+    names, comma-separated, e.g. ``127.0.0.1,10.20.0.0/16,alertmanager.internal``."""
+    webhook_secret_key: SecretStr | None = None
+    """Key (32+ characters) that seals webhook secrets in the database; every replica sharing
+    a database needs the same one. Unset: a random key in ./.fleetscope/webhook-secret.key."""
+    alert_lease_s: float = Field(60.0, ge=2, le=3600)
+    """How long a replica's claim on outbox rows lasts; a crashed replica's claimed rows are
+    delivered by another (or by itself after restart) once it expires. Deliveries time out
+    after at most half of it."""
 
     @field_validator("log_level")
     @classmethod
@@ -132,6 +144,21 @@ class Settings(BaseSettings):
     def _db(cls, v: str) -> str:
         if not v.startswith(("sqlite:", "postgresql:", "postgresql+")):
             raise ValueError(f"db_url {v!r}: expected sqlite:///path or postgresql://...")
+        return v
+
+    @field_validator("webhook_allow")
+    @classmethod
+    def _allow(cls, v: str) -> str:
+        from fleetscope.server.alerts.guard import AllowList
+
+        AllowList.parse(v)  # raises naming the entry
+        return v
+
+    @field_validator("webhook_secret_key")
+    @classmethod
+    def _wkey(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < 32:
+            raise ValueError("webhook_secret_key: must be at least 32 characters")
         return v
 
     @model_validator(mode="after")

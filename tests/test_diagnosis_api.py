@@ -102,7 +102,7 @@ def receiver():
 
 
 def test_straggler_and_hang_incidents_alert_webhook(tmp_path, receiver):
-    with running_server(tmp_path, diagnosis_tick_s=0.5, hang_min_s=4) as url:
+    with running_server(tmp_path, diagnosis_tick_s=0.5, hang_min_s=4, webhook_allow="127.0.0.1") as url:
         api = url.api
         # CRUD + validation
         assert {r["name"] for r in HTTP.get(f"{api}/alerts/rules").json()} >= {"hang", "straggler-5pct"}
@@ -195,7 +195,8 @@ def test_outbox_survives_restart_and_retries(tmp_path):
     port = free_port()
     down = Receiver(port, fail=True)
     try:
-        with running_server(tmp_path, diagnosis_tick_s=0.5, alert_retry_base_s=0.2, alert_retry_max_s=1) as url:
+        with running_server(tmp_path, diagnosis_tick_s=0.5, alert_retry_base_s=0.2, alert_retry_max_s=1,
+                            webhook_allow="127.0.0.1") as url:
             api = url.api
             HTTP.post(f"{api}/alerts/webhooks", json={"name": "r", "url": f"http://127.0.0.1:{port}/hook"})
             now = time.time_ns()
@@ -224,7 +225,7 @@ def test_outbox_survives_restart_and_retries(tmp_path):
 def test_finished_job_gets_a_final_pass_that_pages_nobody(tmp_path, receiver):
     """A job whose data (and its end) arrive in one go, as from an agent that fell behind:
     the final pass records the straggler it holds, resolved at once, and sends no alert."""
-    with running_server(tmp_path, diagnosis_tick_s=0.5) as url:
+    with running_server(tmp_path, diagnosis_tick_s=0.5, webhook_allow="127.0.0.1") as url:
         api = url.api
         assert HTTP.post(f"{api}/alerts/webhooks", json={"name": "recv", "url": receiver.url}).status_code == 201
         now = time.time_ns()

@@ -40,7 +40,7 @@ def stop(p: subprocess.Popen) -> None:
 def test_real_trainer_straggler_then_hang(tmp_path):
     rx = Receiver()
     try:
-        with running_server(tmp_path / "srv", diagnosis_tick_s=1, hang_min_s=8) as url:
+        with running_server(tmp_path / "srv", diagnosis_tick_s=1, hang_min_s=8, webhook_allow="127.0.0.1") as url:
             HTTP.post(f"{url.api}/alerts/webhooks", json={"name": "rx", "url": rx.url}).raise_for_status()
             # 1. a compute straggler on rank 5 (stage 1) from step 4
             p = train(url, tmp_path, "e2e-strag", 40, 300, "straggler:rank=5:factor=1.6:from_step=4")

@@ -49,7 +49,7 @@ def receiver():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, receiver):
-    with running_server(tmp_path_factory.mktemp("selfcheck-server"), token=TOKEN,
+    with running_server(tmp_path_factory.mktemp("selfcheck-server"), token=TOKEN, webhook_allow="127.0.0.1",
                         selfcheck_tick_s=0.5) as url:
         hook = httpx.post(f"{url.api}/alerts/webhooks", headers=url.auth_headers, timeout=30,
                           json={"name": "oncall", "url": f"http://127.0.0.1:{receiver.server_port}/"})

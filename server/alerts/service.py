@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .dispatcher import AlertDispatcher
+from .guard import WebhookGuard
+from .secrets import box_for
 
 
 def alert_dispatcher(app: Any) -> AlertDispatcher | DisabledService:
@@ -17,6 +19,9 @@ def alert_dispatcher(app: Any) -> AlertDispatcher | DisabledService:
         retry_base_s=float(getattr(s, "alert_retry_base_s", 1.0)),
         retry_max_s=float(getattr(s, "alert_retry_max_s", 300.0)),
         external_url=str(getattr(s, "public_url", "") or ""),
+        guard=WebhookGuard(str(getattr(s, "webhook_allow", "") or "")),
+        secrets=box_for(s),
+        lease_s=float(getattr(s, "alert_lease_s", 60.0)),
     )
     app.state.alert_dispatcher = d
     return d

@@ -33,14 +33,21 @@ def sign_headers(secret: str, body: bytes, now_s: int | None = None) -> dict[str
 
 def verify(secret: str, headers: dict[str, str], body: bytes, max_age_s: float = 300.0,
            now_s: float | None = None) -> bool:
-    """True when the signature matches and the timestamp is fresh (receiver side)."""
+    """True when the signature matches and the timestamp is fresh (receiver side).
+
+    Never raises on what a sender put in the headers: a missing, non-ASCII or
+    malformed signature or timestamp is simply not a valid signature.
+    """
     low = {k.lower(): v for k, v in headers.items()}
     try:
-        ts = int(low[TIMESTAMP_HEADER.lower()])
-        given = low[SIGNATURE_HEADER.lower()]
-    except (KeyError, ValueError):
+        ts_text = str(low[TIMESTAMP_HEADER.lower()])
+        given = str(low[SIGNATURE_HEADER.lower()])
+    except KeyError:
         return False
+    if not (ts_text.isascii() and ts_text.isdigit() and len(ts_text) <= 12) or not given.isascii():
+        return False  # compare_digest raises on non-ASCII str; int() takes non-ASCII digits
+    ts = int(ts_text)
     now = time.time() if now_s is None else now_s
     if abs(now - ts) > max_age_s:
         return False
-    return hmac.compare_digest(given, signature(secret, ts, body))
+    return hmac.compare_digest(given.encode("ascii"), signature(secret, ts, body).encode("ascii"))

@@ -2,7 +2,7 @@
 
 SQLite by default (``sqlite:///./.fleetscope/control.db``), PostgreSQL by URL
 (``postgresql+psycopg://user:pass@host/db``). The schema is managed by Alembic only:
-:func:`open_db` upgrades to ``head`` at server start. Model modules live next to this
+:func:`open_db` upgrades to ``heads`` at server start. Model modules live next to this
 one (``models.py`` and those added by other components) and share :class:`Base`.
 """
 
@@ -53,8 +53,12 @@ def alembic_config(engine: Engine):
     return cfg
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Apply Alembic migrations up to ``revision`` (idempotent)."""
+def upgrade(engine: Engine, revision: str = "heads") -> None:
+    """Apply Alembic migrations up to ``revision`` (idempotent).
+
+    ``heads``, not ``head``: components add revisions on parallel branches (each on the
+    revision it was written against), and every branch is applied.
+    """
     from alembic import command
 
     cfg = alembic_config(engine)

@@ -95,7 +95,8 @@ class Webhook(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     url: Mapped[str] = mapped_column(Text)
     secret: Mapped[str] = mapped_column(Text, default="")
-    """HMAC-SHA256 key for the signature header; '' sends no signature."""
+    """HMAC-SHA256 key for the signature header, sealed (:mod:`fleetscope.server.alerts.secrets`);
+    '' sends no signature."""
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     filter_jobs: Mapped[str] = mapped_column(Text, default="[]")
     """JSON list of job ids; empty = all jobs."""
@@ -113,7 +114,7 @@ class Webhook(Base):
         d["filter_kinds"] = json.loads(d["filter_kinds"] or "[]")
         d["has_secret"] = bool(d.pop("secret"))
         if include_secret:
-            d["secret"] = self.secret
+            d["secret"] = self.secret  # the sealed form (see alerts.secrets)
         return d
 
 
@@ -126,7 +127,8 @@ class AlertOutbox(Base):
     """
 
     __tablename__ = "alert_outbox"
-    __table_args__ = (Index("ix_alert_outbox_due", "status", "next_attempt_ns"),)
+    __table_args__ = (Index("ix_alert_outbox_due", "status", "next_attempt_ns"),
+                      Index("ix_alert_outbox_claimable", "status", "next_attempt_ns", "lease_until_ns"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     webhook_id: Mapped[int] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"), index=True)
@@ -145,6 +147,10 @@ class AlertOutbox(Base):
     last_error: Mapped[str] = mapped_column(Text, default="")
     created_ns: Mapped[int] = mapped_column(BigInteger, default=0)
     delivered_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    claim: Mapped[str] = mapped_column(String(100), default="")
+    """Token of the dispatcher pass (replica) delivering the row now; '' when unclaimed."""
+    lease_until_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    """The claim holds until then; past it any replica may claim the row again."""
 
     def to_dict(self) -> dict[str, Any]:
         d = {c.name: getattr(self, c.name) for c in self.__table__.columns}

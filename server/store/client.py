@@ -55,7 +55,7 @@ class Store:
         store = cls(parsed, _connect(parsed))
         if migrate_schema:
             try:
-                migrate(store.client, ttl_days)
+                migrate(store.client, ttl_days, cluster=parsed.cluster_spec())
             except Exception as e:
                 store.close()
                 raise StoreError(f"store {parsed.redacted()}: migration failed: {e}") from e
@@ -106,7 +106,14 @@ class Store:
             return False
 
 
+CLUSTER_CLIENT_SETTINGS = {"insert_distributed_sync": 1}
+"""Session settings of every client of a cluster store: an insert into a Distributed table
+returns once every shard has its rows (so an acknowledged batch is stored, and its
+deduplication token reaches the shards' replicated tables)."""
+
+
 def _connect(url: StoreURL) -> Any:
+    settings: dict[str, Any] | None = dict(CLUSTER_CLIENT_SETTINGS) if url.cluster else None
     try:
         if url.embedded:
             os.makedirs(url.path, exist_ok=True)
@@ -119,9 +126,11 @@ def _connect(url: StoreURL) -> Any:
             secure=url.scheme == "https",
             database="default",
             compress="lz4",
+            settings=settings,
         )
         if url.database != "default":
-            client.command(f"CREATE DATABASE IF NOT EXISTS `{url.database}`")
+            on_cluster = f" ON CLUSTER `{url.cluster}`" if url.cluster else ""
+            client.command(f"CREATE DATABASE IF NOT EXISTS `{url.database}`{on_cluster}")
             client.close()
             client = clickhouse_connect.get_client(
                 host=url.host,
@@ -131,6 +140,7 @@ def _connect(url: StoreURL) -> Any:
                 secure=url.scheme == "https",
                 database=url.database,
                 compress="lz4",
+                settings=settings,
             )
         return client
     except StoreURLError:

@@ -2,14 +2,17 @@
 
 * ``chdb:///abs/dir`` — embedded ClickHouse (chDB) in an absolute directory;
 * ``chdb://rel/dir`` — embedded, relative to the current working directory;
-* ``http://user:pass@host:8123/db`` or ``https://...`` — a ClickHouse server/cluster.
+* ``http://user:pass@host:8123/db`` or ``https://...`` — a ClickHouse server;
+* ``http://user:pass@host:8123/db?cluster=NAME`` — a ClickHouse cluster (``NAME`` as in the
+  servers' ``remote_servers``): the schema is created ``ON CLUSTER`` with Replicated and
+  Distributed tables (:mod:`fleetscope.server.store.cluster`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from fleetscope.config import DEFAULT_STORE_URL
 
@@ -31,17 +34,26 @@ class StoreURL:
     username: str = "default"
     password: str = field(default="", repr=False)
     database: str = "default"
+    cluster: str = ""
+    """ClickHouse cluster name ('' for a single server)."""
 
     @property
     def embedded(self) -> bool:
         return self.scheme == "chdb"
+
+    def cluster_spec(self):
+        """The :class:`~fleetscope.server.store.cluster.Cluster` to render DDL for (None: one node)."""
+        from .cluster import Cluster
+
+        return Cluster(self.cluster, self.database) if self.cluster else None
 
     def redacted(self) -> str:
         """The URL for logs and messages, without the password."""
         if self.embedded:
             return f"chdb://{self.path}"
         auth = f"{self.username}:***@" if self.password else f"{self.username}@"
-        return f"{self.scheme}://{auth}{self.host}:{self.port}/{self.database}"
+        query = f"?cluster={self.cluster}" if self.cluster else ""
+        return f"{self.scheme}://{auth}{self.host}:{self.port}/{self.database}{query}"
 
 
 def _redact(url: str) -> str:
@@ -86,6 +98,16 @@ def parse_store_url(url: str | None = None, cwd: str | None = None) -> StoreURL:
     database = parts.path.strip("/") or "default"
     if not database.replace("_", "").isalnum():
         raise StoreURLError(f"store URL {_redact(url)!r}: bad database name {database!r}")
+    try:
+        query = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+    except ValueError:
+        raise StoreURLError(f"store URL {_redact(url)!r}: malformed query string") from None
+    unknown = sorted(set(query) - {"cluster"})
+    if unknown:
+        raise StoreURLError(f"store URL {_redact(url)!r}: unknown option {unknown[0]!r} (only ?cluster=NAME)")
+    cluster = query.get("cluster", "")
+    if "cluster" in query and not _is_name(cluster):
+        raise StoreURLError(f"store URL {_redact(url)!r}: bad cluster name {cluster!r} (letters, digits, '_')")
     return StoreURL(
         scheme=parts.scheme,
         host=parts.hostname,
@@ -93,4 +115,9 @@ def parse_store_url(url: str | None = None, cwd: str | None = None) -> StoreURL:
         username=unquote(parts.username) if parts.username else "default",
         password=unquote(parts.password) if parts.password else "",
         database=database,
+        cluster=cluster,
     )
+
+
+def _is_name(v: str) -> bool:
+    return bool(v) and len(v) <= 64 and (v[0].isalpha() or v[0] == "_") and v.replace("_", "").isalnum() and v.isascii()

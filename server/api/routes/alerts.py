@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import time
 from typing import Annotated, Any
-from urllib.parse import urlparse
 
-from fastapi import APIRouter, HTTPException, Query, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fleetscope.server.alerts.guard import AllowList, WebhookURLError, check_target, redact_url
+from fleetscope.server.alerts.outbox import public_error
 from fleetscope.server.alerts.rules import RULE_KINDS, SEVERITIES
+from fleetscope.server.alerts.secrets import MAX_SECRET_CHARS, MIN_SECRET_CHARS, box_for
 from fleetscope.server.api.deps import SessionDep
 from fleetscope.server.db.diagnosis_models import AlertOutbox, AlertRule, Webhook, dumps
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -99,11 +101,35 @@ class WebhookFields(BaseModel):
         return v
 
 
-def _check_url(v: str) -> str:
-    u = urlparse(v)
-    if u.scheme not in ("http", "https") or not u.netloc:
-        raise ValueError(f"url {v!r}: expected an http(s) URL")
-    return v
+def _check_webhook(request: Request, url: str | None, secret: str | None) -> None:
+    """URL rules + the SSRF guard's static part (IP literals, localhost) and the secret's
+    length: 422 naming the field. Checked here rather than by pydantic validators, whose
+    422 would echo the input (a URL with its token, a secret) back; so the lengths too."""
+    errors = []
+    if url is not None:
+        allow = AllowList.parse(str(getattr(request.app.state.settings, "webhook_allow", "") or ""))
+        try:
+            check_target(url, allow)
+        except WebhookURLError as e:
+            errors.append({"loc": ["body", "url"], "type": "value_error", "msg": f"url {redact_url(url)!r}: {e}"})
+    if secret and not MIN_SECRET_CHARS <= len(secret) <= MAX_SECRET_CHARS:
+        errors.append({"loc": ["body", "secret"], "type": "value_error",
+                       "msg": f"secret: must be {MIN_SECRET_CHARS} to {MAX_SECRET_CHARS} characters "
+                              "('' sends unsigned)"})
+    if errors:
+        raise HTTPException(422, detail=errors)
+
+
+def _public_hook(h: Webhook) -> dict:
+    d = h.to_dict()
+    d["url"] = redact_url(h.url)
+    return d
+
+
+def _public_row(r: AlertOutbox) -> dict:
+    d = r.to_dict()
+    d["last_error"] = public_error(d["last_error"])
+    return d
 
 
 class WebhookCreate(WebhookFields):
@@ -111,15 +137,15 @@ class WebhookCreate(WebhookFields):
         "name": "oncall", "url": "https://alerts.example.com/fleetscope", "secret": "a-long-shared-secret",
         "filter_kinds": ["hang", "straggler"], "min_severity": "warning"}]})
     name: str = Field(min_length=1, max_length=200)
-    url: str
-    secret: str = Field("", max_length=500, description="HMAC-SHA256 key; '' = unsigned")
-
-    _url = field_validator("url")(classmethod(lambda cls, v: _check_url(v)))
+    url: str = Field(description="http(s) URL without credentials; loopback, private and link-local "
+                                 "targets need FLEETSCOPE_WEBHOOK_ALLOW")
+    secret: str = Field("", description=f"HMAC-SHA256 key of {MIN_SECRET_CHARS}+ characters; "
+                                                         "'' = unsigned; never returned")
 
 
 class WebhookUpdate(BaseModel):
     url: str | None = None
-    secret: str | None = Field(None, max_length=500)
+    secret: str | None = None
     enabled: bool | None = None
     filter_jobs: list[str] | None = None
     filter_kinds: list[str] | None = None
@@ -127,16 +153,11 @@ class WebhookUpdate(BaseModel):
     timeout_s: float | None = Field(None, gt=0, le=120)
     max_attempts: int | None = Field(None, ge=1, le=100)
 
-    @field_validator("url")
-    @classmethod
-    def _u(cls, v: str | None) -> str | None:
-        return None if v is None else _check_url(v)
-
 
 class WebhookPublic(WebhookFields):
     id: int
     name: str
-    url: str
+    url: str = Field(description="scheme, host and port only: the rest often holds a token")
     has_secret: bool
     created_ns: int
     updated_ns: int
@@ -210,15 +231,17 @@ def _hook(session: Any, hook_id: int) -> Webhook:
 @router.get("/alerts/webhooks", response_model=list[WebhookPublic])
 def list_webhooks(session: SessionDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                   offset: Annotated[int, Query(ge=0)] = 0) -> list[dict]:
-    """Webhooks (secrets are never returned, only ``has_secret``)."""
-    return [h.to_dict() for h in session.scalars(select(Webhook).order_by(Webhook.id).offset(offset).limit(limit))]
+    """Webhooks (secrets are never returned, only ``has_secret``; URLs only up to the port)."""
+    return [_public_hook(h) for h in session.scalars(select(Webhook).order_by(Webhook.id).offset(offset).limit(limit))]
 
 
 @router.post("/alerts/webhooks", response_model=WebhookPublic, status_code=201)
-def create_webhook(body: WebhookCreate, session: SessionDep) -> dict:
+def create_webhook(body: WebhookCreate, request: Request, session: SessionDep) -> dict:
+    _check_webhook(request, body.url, body.secret)
     now = time.time_ns()
     d = body.model_dump()
     d["filter_jobs"], d["filter_kinds"] = dumps(d["filter_jobs"]), dumps(d["filter_kinds"])
+    d["secret"] = box_for(request.app.state.settings).seal(d["secret"])
     h = Webhook(**d, created_ns=now, updated_ns=now)
     session.add(h)
     try:
@@ -226,18 +249,21 @@ def create_webhook(body: WebhookCreate, session: SessionDep) -> dict:
     except IntegrityError:
         session.rollback()
         raise HTTPException(409, detail=f"webhook name {body.name!r} already exists") from None
-    return h.to_dict()
+    return _public_hook(h)
 
 
 @router.get("/alerts/webhooks/{hook_id}", response_model=WebhookPublic)
 def get_webhook(hook_id: int, session: SessionDep) -> dict:
-    return _hook(session, hook_id).to_dict()
+    return _public_hook(_hook(session, hook_id))
 
 
 @router.patch("/alerts/webhooks/{hook_id}", response_model=WebhookPublic)
-def update_webhook(hook_id: int, body: WebhookUpdate, session: SessionDep) -> dict:
+def update_webhook(hook_id: int, body: WebhookUpdate, request: Request, session: SessionDep) -> dict:
     h = _hook(session, hook_id)
     d = body.model_dump(exclude_none=True)
+    _check_webhook(request, d.get("url"), d.get("secret"))
+    if "secret" in d:
+        d["secret"] = box_for(request.app.state.settings).seal(d["secret"])
     if "filter_kinds" in d:
         WebhookFields(filter_kinds=d["filter_kinds"])  # validates
     if "min_severity" in d:
@@ -249,7 +275,7 @@ def update_webhook(hook_id: int, body: WebhookUpdate, session: SessionDep) -> di
         setattr(h, k, v)
     h.updated_ns = time.time_ns()
     session.commit()
-    return h.to_dict()
+    return _public_hook(h)
 
 
 @router.delete("/alerts/webhooks/{hook_id}", status_code=204)
@@ -269,4 +295,4 @@ def list_outbox(session: SessionDep, status: str | None = Query(None, descriptio
         q = q.where(AlertOutbox.status == status)
     if webhook_id is not None:
         q = q.where(AlertOutbox.webhook_id == webhook_id)
-    return [r.to_dict() for r in session.scalars(q.order_by(AlertOutbox.id.desc()).offset(offset).limit(limit))]
+    return [_public_row(r) for r in session.scalars(q.order_by(AlertOutbox.id.desc()).offset(offset).limit(limit))]

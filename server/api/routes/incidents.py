@@ -6,7 +6,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fleetscope.server.alerts.outbox import enqueue_incident
+from fleetscope.server.alerts.outbox import enqueue_incident, public_error
 from fleetscope.server.api.deps import SessionDep
 from fleetscope.server.db.diagnosis_models import AlertOutbox, Incident
 from pydantic import BaseModel, ConfigDict, Field
@@ -110,7 +110,8 @@ def get_incident(incident_id: int, session: SessionDep) -> dict:
     inc = _get(session, incident_id)
     notes = session.scalars(select(AlertOutbox).where(AlertOutbox.incident_id == incident_id).order_by(AlertOutbox.id))
     return {**inc.to_dict(), "notifications": [
-        {k: v for k, v in n.to_dict().items() if k != "alert"} for n in notes]}
+        {k: (public_error(v) if k == "last_error" else v) for k, v in n.to_dict().items() if k != "alert"}
+        for n in notes]}
 
 
 @router.post("/incidents/{incident_id}/acknowledge", response_model=IncidentOut)

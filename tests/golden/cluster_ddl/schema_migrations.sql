@@ -1,0 +1,1 @@
+CREATE TABLE IF NOT EXISTS `schema_migrations` ON CLUSTER `fleetscope` (version UInt32, name String, applied_at DateTime DEFAULT now()) ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/all/{database}/{table}', '{replica}') ORDER BY version;
