@@ -50,12 +50,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description="Observability and diagnosis for 3D-parallel LLM training fleets.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.ready = False
     app.state.services = []
     models = include_routes(app)
     _document_models(app, models)
+    _local_docs(app)
     if settings.ui:
         _mount_ui(app, settings)
     return app
@@ -100,6 +103,51 @@ def _document_models(app: FastAPI, models: list[Any]) -> None:
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+DOCS_ASSETS = "/docs-assets"
+"""Swagger UI and ReDoc files, served from the installed ``fastapi-offline`` package so
+``/docs`` and ``/redoc`` work on an air-gapped cluster (no CDN)."""
+
+
+def _local_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc`` with every asset served by this server."""
+    from pathlib import Path
+
+    import fastapi_offline
+    from fastapi import Request
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+    from fastapi.responses import HTMLResponse
+    from fastapi.staticfiles import StaticFiles
+
+    static = Path(fastapi_offline.__file__).parent / "static"
+    app.mount(DOCS_ASSETS, StaticFiles(directory=static), name="docs-assets")
+    openapi_url = app.openapi_url or "/openapi.json"
+    oauth2 = app.swagger_ui_oauth2_redirect_url or "/docs/oauth2-redirect"
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{openapi_url}", title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url=f"{root}{oauth2}",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+        )  # fmt: skip
+
+    @app.get(oauth2, include_in_schema=False)
+    async def swagger_oauth2_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(
+            openapi_url=f"{root}{openapi_url}", title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png", with_google_fonts=False,
+        )  # fmt: skip
 
 
 def _mount_ui(app: FastAPI, settings: Settings) -> None:
