@@ -105,6 +105,36 @@ def _document_models(app: FastAPI, models: list[Any]) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+class StoreDirError(Exception):
+    """The embedded store's directory cannot be created or written."""
+
+
+def check_store_dir(store_url: str) -> None:
+    """For a ``chdb://`` store: create its directory if missing and prove it writable
+    (root ignores permission bits, so a probe file is written, not ``os.access``).
+
+    Raises:
+        StoreDirError: naming the directory and the OS error.
+    """
+    import os
+    import tempfile
+
+    from fleetscope.server.store.url import parse_store_url
+
+    url = parse_store_url(store_url)
+    if url.scheme != "chdb":
+        return
+    try:
+        os.makedirs(url.path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=url.path, prefix=".fleetscope-write-check-"):
+            pass
+    except OSError as e:
+        raise StoreDirError(
+            f"store directory {url.path!r} is not writable ({e.strerror or e}); pass --store "
+            "chdb:///a/writable/dir or FLEETSCOPE_STORE_URL"
+        ) from None
+
+
 DOCS_ASSETS = "/docs-assets"
 """Swagger UI and ReDoc files, served from the installed ``fastapi-offline`` package so
 ``/docs`` and ``/redoc`` work on an air-gapped cluster (no CDN)."""
@@ -116,7 +146,11 @@ def _local_docs(app: FastAPI) -> None:
 
     import fastapi_offline
     from fastapi import Request
-    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+    from fastapi.openapi.docs import (
+        get_redoc_html,
+        get_swagger_ui_html,
+        get_swagger_ui_oauth2_redirect_html,
+    )
     from fastapi.responses import HTMLResponse
     from fastapi.staticfiles import StaticFiles
 

@@ -158,22 +158,22 @@ async def _ingest_body(request, collector, settings, key, host, offset, offset_t
         return _busy(collector, f"max_inflight_bytes={settings.max_inflight_bytes} request bytes in flight")
     limits = IngestLimits.from_settings(settings)
 
-    def work():
-        tables = decode_request(body, ct, host, offset, limits)
-        return tables, (request_digest(body, ct, offset) if key else "")
+    def work(data: bytes):
+        tables = decode_request(data, ct, host, offset, limits)
+        return tables, (request_digest(data, ct, offset) if key else "")
 
     try:
         if len(body) > _THREAD_DECODE_BYTES:
-            tables, digest = await asyncio.to_thread(work)
+            tables, digest = await asyncio.to_thread(work, body)
         else:
-            tables, digest = work()
+            tables, digest = work(body)
     except UnsupportedContentType as e:
         return _error(415, str(e))
     except LimitError as e:
         return _error(413, str(e))
     except BatchError as e:
         return _error(400 if is_malformed(e) else 422, str(e))
-    del body
+    body = b""  # the decoded tables are what is kept while the write is waited for
     num_rows = sum(t.num_rows for t in tables.values())
     if host and num_rows:  # an empty request proves nothing about the host's agent
         collector.host_seen_ns[host] = time.time_ns()
