@@ -20,7 +20,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse
 from fleetscope.server.settings import Settings
 
 from fleetscope import __version__
@@ -145,13 +146,11 @@ def _local_docs(app: FastAPI) -> None:
     from pathlib import Path
 
     import fastapi_offline
-    from fastapi import Request
     from fastapi.openapi.docs import (
         get_redoc_html,
         get_swagger_ui_html,
         get_swagger_ui_oauth2_redirect_html,
     )
-    from fastapi.responses import HTMLResponse
     from fastapi.staticfiles import StaticFiles
 
     static = Path(fastapi_offline.__file__).parent / "static"
