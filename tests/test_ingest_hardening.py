@@ -316,6 +316,23 @@ def _raw_headers(server, length: int, key: str) -> bytes:
             f"Idempotency-Key: {key}\r\n\r\n").encode()  # fmt: skip
 
 
+def _read_response(sock: socket.socket) -> str:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode(errors="replace")
+
+
 def test_429_from_headers_before_the_body_is_read(server):
     port = int(server.rsplit(":", 1)[1])
     size = 3 * 1024 * 1024  # two of these pass max_inflight_bytes (4 MiB)
@@ -326,12 +343,31 @@ def test_429_from_headers_before_the_body_is_read(server):
         time.sleep(0.5)
         second.sendall(_raw_headers(server, size, "inflight-2"))  # no body sent at all
         second.settimeout(5)
-        answer = second.recv(4096).decode(errors="replace")
+        answer = _read_response(second)
         assert answer.startswith("HTTP/1.1 429"), answer[:200]
         assert "retry-after" in answer.lower() and "max_inflight_bytes=4194304" in answer
     finally:
         first.close()
         second.close()
+
+
+def test_429_on_full_queue_before_the_body_is_read(tmp_path):
+    with running_server(tmp_path, max_queue_rows=1000, min_insert_rows=1000, coalesce_linger_ms=4000,
+                        diagnosis_enabled=False) as url:  # fmt: skip
+        fill = codec.encode_batch({"metrics": sample_rows("metrics", 1000)})
+        with cf.ThreadPoolExecutor(1) as ex:  # queued, the writer lingers for more
+            pending = ex.submit(httpx.post, f"{url.api}/ingest", content=fill, headers=ARROW, timeout=60)
+            deadline = time.monotonic() + 10
+            while httpx.get(f"{url.api}/store/stats", timeout=10).json()["queued_rows"] < 1000:
+                assert time.monotonic() < deadline, "the first batch never queued"
+                time.sleep(0.05)
+            port = int(url.rsplit(":", 1)[1])
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(_raw_headers(url, 1 << 20, "queue-full").replace(f"Authorization: Bearer {TOKEN}\r\n".encode(), b""))
+                s.settimeout(3)  # no body is ever sent
+                answer = _read_response(s)
+            assert answer.startswith("HTTP/1.1 429") and "queue full" in answer, answer[:300]
+            assert pending.result().status_code == 200
 
 
 # ---- item 4: poison isolation in a coalesced group ---------------------------------------
@@ -366,3 +402,20 @@ def test_poison_batch_rejected_alone_the_rest_of_its_group_stored(tmp_path):
         assert stats["rows"]["metrics"] == 1200
         again = send(("good-a", good_a))
         assert again.status_code == 200 and again.json()["duplicate"]
+        # the agent's transport takes the 422 (and a 409) as final: no retry loop
+        import threading
+
+        from fleetscope.agent.transport import Transport
+
+        tr = Transport(url, host="h1", timeout_s=60)
+        stop = threading.Event()
+        timer = threading.Timer(60, stop.set)
+        timer.start()
+        try:
+            res = tr.post_batch(poison, "poison", 0, 0, stop)
+            assert (res.outcome, res.status, res.attempts) == ("rejected", 422, 1), res
+            res = tr.post_batch(good_b, "good-a", 0, 0, stop)  # good-a's key, other content
+            assert (res.outcome, res.status, res.attempts) == ("rejected", 409, 1), res
+        finally:
+            timer.cancel()
+            tr.close()

@@ -115,7 +115,7 @@ def test_clock_offset_and_host_header(env):
             sample_rows("collectives", 2, t0_ns=2_000_000_000 * 10**9, host="", completed_ns=-1),
         )
     }
-    out = prepare(t, host="node-7", clock_offset_ns=-5)
+    out = prepare(t, host="node-7", clock_offset_ns=-5, now_ns=2_000_000_000 * 10**9)  # times in 2033
     c = out["collectives"]
     assert c["enqueued_ns"].to_pylist() == [2_000_000_000 * 10**9 - 5, 2_000_000_000 * 10**9 + MS - 5]
     assert c["completed_ns"].to_pylist() == [-1, -1]  # sentinels untouched
