@@ -13,11 +13,11 @@ import os
 import struct
 
 import pyarrow as pa
+from fleetscope.collector.validate import decode_request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetscope import codec
-from fleetscope.collector.validate import decode_request
 from fleetscope.schema import RECORD_TYPES
 from tests.helpers.data import sample_batch, sample_rows
 

@@ -68,6 +68,7 @@ def _fuzz_operation(op: Any, label: str, base_url: str, headers: dict, max_examp
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
     from schemathesis.checks import content_type_conformance, response_schema_conformance
+    from schemathesis.core.failures import FailureGroup
 
     @hseed(seed)
     @given(case=op.as_strategy())
@@ -83,7 +84,7 @@ def _fuzz_operation(op: Any, label: str, base_url: str, headers: dict, max_examp
             return
         try:
             case.validate_response(resp, checks=[response_schema_conformance, content_type_conformance])
-        except BaseExceptionGroup as e:  # schemathesis' FailureGroup: record, keep going
+        except (FailureGroup, Exception) as e:  # record, keep going
             rep.schema_mismatches.append(f"{label}: {resp.status_code} {str(e)[:400]} <- {_show(case)}")
 
     run()
