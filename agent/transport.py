@@ -1,7 +1,8 @@
 """HTTP to the server: POST batches with retries, backoff and jitter; honour 429.
 
-Outcomes of one batch: ``ok`` (200, rows are in the store), ``rejected`` (400, 413,
-415, 422: the server will never take these bytes as they are) or ``stopped`` (the agent
+Outcomes of one batch: ``ok`` (200, rows are in the store), ``rejected`` (400, 409,
+413, 415, 422: the server will never take these bytes as they are; it also says so
+with ``X-Fleetscope-Retry: no``) or ``stopped`` (the agent
 is shutting down; the batch stays pending and is re-sent on the next start). Anything
 else (connection refused, timeouts, 5xx, 429) is retried until one of those happens.
 """
@@ -20,7 +21,7 @@ from fleetscope.config import API_PREFIX
 
 log = logging.getLogger("fleetscope.agent")
 
-REJECTED_STATUSES = frozenset({400, 413, 415, 422})
+REJECTED_STATUSES = frozenset({400, 409, 413, 415, 422})
 
 
 @dataclass

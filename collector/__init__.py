@@ -6,17 +6,36 @@ in step (:mod:`.jobs_sync`). It runs inside the server process
 (``fleetscope server``); the HTTP route is ``fleetscope.server.api.routes.ingest``.
 """
 
-from .validate import BatchError, UnsupportedContentType, decode_request, is_malformed, prepare
-from .writer import Backpressure, IngestResult, IngestWriter, WriteError
+from .validate import (
+    BatchError,
+    IngestLimits,
+    UnsupportedContentType,
+    decode_request,
+    is_malformed,
+    prepare,
+)
+from .writer import (
+    Backpressure,
+    IngestResult,
+    IngestWriter,
+    KeyConflict,
+    PoisonBatch,
+    WriteError,
+    request_digest,
+)
 
 __all__ = [
     "Backpressure",
     "BatchError",
+    "IngestLimits",
     "IngestResult",
     "IngestWriter",
+    "KeyConflict",
+    "PoisonBatch",
     "UnsupportedContentType",
     "WriteError",
     "decode_request",
     "is_malformed",
     "prepare",
+    "request_digest",
 ]

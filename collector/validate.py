@@ -11,25 +11,66 @@ vectorised Arrow compute (no per-row Python):
   expired TTL partition);
 * ``X-Fleetscope-Clock-Offset-Ns`` is added to every time column of the record type
   (``-1`` sentinels stay ``-1``);
-* ``X-Fleetscope-Host`` fills empty ``host`` values.
+* ``X-Fleetscope-Host`` fills empty ``host`` values;
+* no time column (after the offset) later than ``now + max_future_s``, and one request's
+  partition times within ``max_batch_span_days`` (ClickHouse refuses an insert touching
+  more than 1000 day partitions: such a batch would fail every insert it joins);
+* ``rank < max_world_size``; ``jobs`` topology ``dp, tp, pp, num_microbatches >= 1``,
+  ``dp * tp * pp <= max_world_size``, a valid axis order, and the SQL column widths
+  (name 400, status 20).
+
+Every limit is a server setting (:class:`IngestLimits` carries them) and every error
+names the limit and its value.
 """
 
 from __future__ import annotations
 
-from typing import Final
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fleetscope.codec import BatchError
+from fleetscope.codec import BatchError, Limits
 from fleetscope.schema import RECORD_TYPES, RecordType
 
 MIN_TIME_NS: Final = 946_684_800 * 10**9
 """2000-01-01T00:00:00Z in ns since the epoch."""
+DAY_NS: Final = 86_400 * 10**9
+ORDERS: Final = frozenset("-".join(p) for p in itertools.permutations(("dp", "tp", "pp")))
+JOB_TEXT_CHARS: Final = {"name": 400, "status": 20}
+"""Widths of SQL ``jobs`` columns filled from ``jobs`` records (PostgreSQL enforces them)."""
+
+
+@dataclass(frozen=True)
+class IngestLimits:
+    """The ingest limits of :class:`fleetscope.server.settings.Settings`."""
+
+    codec: Limits = field(default_factory=Limits)
+    max_world_size: int = 2**20
+    max_future_s: float = 3600.0
+    max_batch_span_days: int = 900
+
+    @classmethod
+    def from_settings(cls, s: Any) -> IngestLimits:
+        return cls(
+            codec=Limits(
+                max_decoded_bytes=s.max_decoded_bytes, max_rows=s.max_request_rows,
+                max_string_bytes=s.max_string_bytes, max_symbol_bytes=s.max_symbol_bytes,
+            ),
+            max_world_size=s.max_world_size, max_future_s=s.max_future_s,
+            max_batch_span_days=s.max_batch_span_days,
+        )  # fmt: skip
+
+
+DEFAULT_INGEST_LIMITS = IngestLimits()
 
 
 def prepare(
-    tables: dict[str, pa.Table], host: str = "", clock_offset_ns: int = 0
+    tables: dict[str, pa.Table], host: str = "", clock_offset_ns: int = 0,
+    limits: IngestLimits | None = None, now_ns: int | None = None,
 ) -> dict[str, pa.Table]:
     """Validate value ranges and apply the clock offset and host header.
 
@@ -37,6 +78,8 @@ def prepare(
         tables: decoded batch, record type -> canonical table.
         host: value of ``X-Fleetscope-Host`` ("" if absent).
         clock_offset_ns: value of ``X-Fleetscope-Clock-Offset-Ns``.
+        limits: bounds (default :data:`DEFAULT_INGEST_LIMITS`).
+        now_ns: the server's time (default: now), for the future bound.
 
     Returns:
         The transformed tables (new objects; inputs are not modified).
@@ -44,6 +87,8 @@ def prepare(
     Raises:
         BatchError: a value is out of range; the message names table, column and row.
     """
+    lim = limits or DEFAULT_INGEST_LIMITS
+    now = time.time_ns() if now_ns is None else now_ns
     out = {}
     for name, table in tables.items():
         rt = RECORD_TYPES[name]
@@ -52,6 +97,8 @@ def prepare(
         if host and "host" in table.column_names:
             table = _fill_host(table, host)
         _check(rt, table)
+        if table.num_rows:
+            _check_limits(rt, table, lim, now)
         out[name] = table
     return out
 
@@ -80,12 +127,77 @@ def _check(rt: RecordType, table: pa.Table) -> None:
         )
 
 
+def _check_limits(rt: RecordType, table: pa.Table, lim: IngestLimits, now_ns: int) -> None:
+    latest = now_ns + int(lim.max_future_s * 1e9)
+    for c in rt.time_columns:
+        col = table[c]
+        i = _first(pc.greater(col, latest))
+        if i is not None:
+            raise BatchError(
+                f"{rt.name}[{i}].{c}: {col[i].as_py()} is more than max_future_s={lim.max_future_s:g} "
+                "seconds after the server's time"
+            )
+    col = table[rt.time_column]
+    lo, hi = pc.min(col).as_py(), pc.max(col).as_py()
+    if hi - lo > lim.max_batch_span_days * DAY_NS:
+        raise BatchError(
+            f"{rt.name}.{rt.time_column}: times span {(hi - lo) / DAY_NS:.0f} days, more than "
+            f"max_batch_span_days={lim.max_batch_span_days}"
+        )
+    world = lim.max_world_size
+    if "rank" in table.column_names:
+        i = _first(pc.greater_equal(table["rank"], world))
+        if i is not None:
+            raise BatchError(f"{rt.name}[{i}].rank: {table['rank'][i].as_py()} is not below max_world_size={world}")
+    if rt.name == "jobs":
+        _check_job_rows(table, world)
+
+
+def _check_job_rows(table: pa.Table, world: int) -> None:
+    for c in ("dp", "tp", "pp", "num_microbatches"):
+        i = _first(pc.less(table[c], 1))
+        if i is not None:
+            raise BatchError(f"jobs[{i}].{c}: {table[c][i].as_py()} must be at least 1")
+    for c in ("dp", "tp", "pp"):
+        i = _first(pc.greater(table[c], world))
+        if i is not None:
+            raise BatchError(f"jobs[{i}].{c}: {table[c][i].as_py()} is more than max_world_size={world}")
+    dp, tp, pp = (pc.cast(table[c], pa.int64()) for c in ("dp", "tp", "pp"))
+    size = pc.multiply(dp, tp)  # each factor <= world <= 2**24: no overflow
+    i = _first(pc.greater(size, world))
+    if i is None:
+        size = pc.multiply(size, pp)
+        i = _first(pc.greater(size, world))
+    if i is not None:
+        r = {c: table[c][i].as_py() for c in ("dp", "tp", "pp")}
+        raise BatchError(
+            f"jobs[{i}]: world size dp*tp*pp = {r['dp']}*{r['tp']}*{r['pp']} is more than max_world_size={world}"
+        )
+    i = _first(pc.invert(pc.is_in(table["order"], pa.array(sorted(ORDERS)))))
+    if i is not None:
+        raise BatchError(f"jobs[{i}].order: {table['order'][i].as_py()[:40]!r} is not one of {sorted(ORDERS)}")
+    for c, width in JOB_TEXT_CHARS.items():
+        i = _first(pc.greater(pc.utf8_length(table[c]), width))
+        if i is not None:
+            raise BatchError(f"jobs[{i}].{c}: longer than {width} characters (the jobs table column)")
+    for c in ("model_flops_per_step", "device_peak_flops"):
+        i = _first(pc.invert(pc.is_finite(table[c])))
+        if i is not None:
+            raise BatchError(f"jobs[{i}].{c}: must be a finite number")
+
+
 def _shift_times(rt: RecordType, table: pa.Table, offset_ns: int) -> pa.Table:
     offset = pa.scalar(offset_ns, pa.int64())
     for c in rt.time_columns:
         idx = table.schema.get_field_index(c)
         col = table.column(idx)
-        shifted = pc.if_else(pc.equal(col, -1), col, pc.add(col, offset))
+        try:
+            moved = pc.add_checked(col, offset)
+        except pa.ArrowInvalid:
+            raise BatchError(
+                f"{rt.name}.{c}: adding X-Fleetscope-Clock-Offset-Ns={offset_ns} overflows int64"
+            ) from None
+        shifted = pc.if_else(pc.equal(col, -1), col, moved)
         table = table.set_column(idx, table.schema.field(idx), shifted)
     return table
 
@@ -115,7 +227,8 @@ def is_malformed(err: BatchError) -> bool:
 
 
 def decode_request(
-    body: bytes, content_type: str, host: str = "", clock_offset_ns: int = 0
+    body: bytes, content_type: str, host: str = "", clock_offset_ns: int = 0,
+    limits: IngestLimits | None = None,
 ) -> dict[str, pa.Table]:
     """Decode a request body (Arrow or JSON wire format) and :func:`prepare` it.
 
@@ -126,8 +239,9 @@ def decode_request(
     from fleetscope.codec import ARROW_CONTENT_TYPE, JSON_CONTENT_TYPE, decode
 
     ct = (content_type or "").split(";")[0].strip().lower()
-    if ct not in (ARROW_CONTENT_TYPE, JSON_CONTENT_TYPE, ""):
+    if ct not in (ARROW_CONTENT_TYPE, JSON_CONTENT_TYPE):
         raise UnsupportedContentType(
-            f"unsupported content type {content_type!r}; use {ARROW_CONTENT_TYPE} or {JSON_CONTENT_TYPE}"
+            f"unsupported content type {content_type[:100]!r}; use {ARROW_CONTENT_TYPE} or {JSON_CONTENT_TYPE}"
         )
-    return prepare(decode(body, ct), host=host, clock_offset_ns=clock_offset_ns)
+    lim = limits or DEFAULT_INGEST_LIMITS
+    return prepare(decode(body, ct, lim.codec), host=host, clock_offset_ns=clock_offset_ns, limits=lim)

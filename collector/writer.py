@@ -31,6 +31,22 @@ For each group the writer (the only writer, so nothing races it):
 
 A batch is reported ``duplicate`` when every one of its tables was already stored.
 
+Keys are scoped and bound to content
+------------------------------------
+The stored batch id is ``scope \x1f key \x1f digest``: ``scope`` is the sending host
+(``X-Fleetscope-Host``), so two hosts may use the same key; ``digest`` is a hash of the
+request (body, content type, clock offset), so a key re-used with other content is
+answered :class:`KeyConflict` (HTTP 409) instead of being dropped as a duplicate. The
+lookup in step 2 is one primary-key range per key (``scope \x1f key \x1f`` prefix).
+
+Poison batches
+--------------
+When a coalesced group fails, each of its batches is written alone, so one bad batch
+never fails the others. A batch that still fails alone while the store answers a
+probe is *poison*: it is answered :class:`PoisonBatch` (HTTP 422, do not retry);
+if the probe fails too the store is down and the batch gets :class:`WriteError` (503,
+retry).
+
 Scope: the guarantee holds per writer. With several server replicas on one ClickHouse
 server, a retry that reaches another replica *while* the first is still inserting the
 same batch can be written twice; agents keep one connection to one replica, and a
@@ -49,12 +65,11 @@ import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
-from fleetscope.server.store import queries
-from fleetscope.server.store.ddl import BATCH_COLUMN
+from fleetscope.server.store.ddl import BATCH_COLUMN, BATCHES_TABLE
 
 from .jobs_sync import upsert_jobs
 
@@ -73,6 +88,31 @@ class WriteError(RuntimeError):
     """The store refused or failed the insert; nothing was acknowledged."""
 
 
+class PoisonBatch(WriteError):
+    """The store, otherwise healthy, refuses this batch: retrying it cannot help (422)."""
+
+
+class KeyConflict(Exception):
+    """The Idempotency-Key was already used by this host for different content (409)."""
+
+
+SEP: Final = "\x1f"
+"""Separator of the parts of a stored batch id (cannot occur in a key or host header)."""
+
+
+def stored_batch_id(scope: str, key: str, digest: str) -> str:
+    """The ``_batch`` value of a batch: ``scope SEP key SEP digest``."""
+    return f"{scope}{SEP}{key}{SEP}{digest}"
+
+
+def request_digest(body: bytes, content_type: str, clock_offset_ns: int) -> str:
+    """What a batch id is bound to: 16 hex digits of SHA-256 over the request."""
+    h = hashlib.sha256()
+    h.update(f"{content_type.split(';')[0].strip().lower()}\0{clock_offset_ns}\0".encode())
+    h.update(body)
+    return h.hexdigest()[:16]
+
+
 @dataclass
 class IngestResult:
     rows: dict[str, int]
@@ -82,9 +122,13 @@ class IngestResult:
 @dataclass
 class _Pending:
     key: str
+    """The stored batch id (see :func:`stored_batch_id`)."""
     tables: dict[str, pa.Table]
     num_rows: int
     future: asyncio.Future = field(repr=False)
+    prefix: str = ""
+    """``scope SEP key SEP`` of a client-keyed batch ('' for an auto key)."""
+    client_key: str = ""
 
 
 class IngestWriter:
@@ -129,7 +173,10 @@ class IngestWriter:
         self.stats: dict[str, float] = {
             "batches": 0, "rows": 0, "inserts": 0, "duplicates": 0, "rejected_429": 0,
             "groups": 0, "write_s": 0.0, "lookup_s": 0.0, "insert_s": 0.0,
+            "conflicts_409": 0, "poison_422": 0, "isolations": 0, "inflight_429": 0,
         }  # fmt: skip
+        self.inflight_bytes = 0
+        """Bytes of ingest requests being read, decoded or written (see :meth:`reserve`)."""
         self._queue: deque[_Pending] = deque()
         self._queued_rows = 0
         self._wakeup: asyncio.Event | None = None
@@ -161,12 +208,37 @@ class IngestWriter:
     def queued_rows(self) -> int:
         return self._queued_rows
 
+    @property
+    def queue_full(self) -> bool:
+        return self._closing or self._queued_rows >= self.max_queue_rows
+
+    def reserve(self, nbytes: int, limit: int) -> bool:
+        """Count ``nbytes`` of a request in flight unless that passes ``limit`` (one
+        request is always let in, so a limit below one body never blocks everything)."""
+        if self.inflight_bytes and self.inflight_bytes + nbytes > limit:
+            self.stats["inflight_429"] += 1
+            return False
+        self.inflight_bytes += nbytes
+        return True
+
+    def release(self, nbytes: int) -> None:
+        self.inflight_bytes = max(0, self.inflight_bytes - nbytes)
+
     # ---- submission ----------------------------------------------------------------
-    async def submit(self, key: str | None, tables: dict[str, pa.Table]) -> IngestResult:
+    async def submit(
+        self, key: str | None, tables: dict[str, pa.Table], scope: str = "", digest: str = ""
+    ) -> IngestResult:
         """Queue a validated batch and wait until it is stored.
+
+        Args:
+            key: the client's Idempotency-Key (None: a fresh one).
+            scope: who sent it (the host); keys are unique per scope.
+            digest: :func:`request_digest` of the request the key is bound to.
 
         Raises:
             Backpressure: the queue holds too many rows already.
+            KeyConflict: ``key`` was used by ``scope`` for other content.
+            PoisonBatch: the store refuses this batch (do not retry as it is).
             WriteError: the store failed; the batch may be retried with the same key.
         """
         num_rows = sum(t.num_rows for t in tables.values())
@@ -177,7 +249,12 @@ class IngestWriter:
             raise Backpressure(self.retry_after_s, self._queued_rows)
         assert self._wakeup is not None, "IngestWriter.start() was not called"
         fut = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(key or f"auto-{uuid.uuid4().hex}", tables, num_rows, fut))
+        if key:
+            prefix = f"{scope}{SEP}{key}{SEP}"
+            pending = _Pending(prefix + (digest or "-"), tables, num_rows, fut, prefix, key)
+        else:
+            pending = _Pending(f"auto-{uuid.uuid4().hex}", tables, num_rows, fut)
+        self._queue.append(pending)
         self._queued_rows += num_rows
         self._wakeup.set()
         return await fut
@@ -196,19 +273,19 @@ class IngestWriter:
             await self._linger()
             group = self._take_group()
             try:
-                results = await loop.run_in_executor(self._executor, self._write_group, group)
-            except Exception as e:  # answer every waiter; the loop keeps running
+                outcomes = await loop.run_in_executor(self._executor, self._write_isolated, group)
+            except Exception as e:  # pragma: no cover - _write_isolated answers everything
                 log.exception("ingest write of %d batch(es) failed", len(group))
-                err = WriteError(f"store write failed: {e}")
-                for p in group:
-                    if not p.future.done():
-                        p.future.set_exception(err)
-            else:
-                for p, r in zip(group, results):
-                    if not p.future.done():
-                        p.future.set_result(r)
+                outcomes = [WriteError(f"store write failed: {e}")] * len(group)
             finally:
                 self._queued_rows -= sum(p.num_rows for p in group)
+            for p, r in zip(group, outcomes):
+                if p.future.done():
+                    continue
+                if isinstance(r, BaseException):
+                    p.future.set_exception(r)
+                else:
+                    p.future.set_result(r)
 
     async def _linger(self) -> None:
         """Wait up to ``linger_s`` while the queue holds fewer than ``min_insert_rows``."""
@@ -233,13 +310,74 @@ class IngestWriter:
             rows += p.num_rows
         return group
 
-    def _write_group(self, group: list[_Pending]) -> list[IngestResult]:
-        first: dict[str, _Pending] = {}
+    def _write_isolated(self, group: list[_Pending]) -> list[IngestResult | BaseException]:
+        """Write the group; if it fails, write each batch alone (poison isolation)."""
+        try:
+            return list(self._write_group(group))
+        except Exception as e:
+            if len(group) == 1:
+                return [self._classify(group[0], e)]
+            log.warning("coalesced insert of %d batches failed (%s); writing them one by one",
+                        len(group), _short(e))
+            self.stats["isolations"] += 1
+        out: list[IngestResult | BaseException] = []
         for p in group:
+            try:
+                out.extend(self._write_group([p]))
+            except Exception as e:
+                out.append(self._classify(p, e))
+        return out
+
+    def _classify(self, p: _Pending, err: Exception) -> WriteError:
+        """Poison (store healthy, this batch refused) or an outage (store failing)."""
+        try:
+            self._client.command("SELECT 1")
+        except Exception:
+            log.exception("store write failed and the store does not answer")
+            return WriteError(f"store write failed: {_short(err)}")
+        self.stats["poison_422"] += 1
+        log.error("the store refuses batch %r (%d rows) while healthy: %s", p.client_key or p.key,
+                  p.num_rows, _short(err))
+        return PoisonBatch(
+            f"the store refuses this batch ({_short(err)}); it cannot be stored as it is, do not retry it"
+        )
+
+    def _lookup(self, first: dict[str, _Pending]) -> tuple[set[tuple[str, str]], set[str]]:
+        """(stored (batch id, table) pairs, stored batch ids) of client-keyed batches'
+        scoped keys, whatever digest they were stored with."""
+        keyed = [p for p in first.values() if p.prefix]
+        written: set[tuple[str, str]] = set()
+        for i in range(0, len(keyed), 200):
+            chunk = keyed[i : i + 200]
+            where = " OR ".join(f"(batch >= {{lo{j}:String}} AND batch < {{hi{j}:String}})" for j in range(len(chunk)))
+            params: dict[str, str] = {}
+            for j, p in enumerate(chunk):
+                params[f"lo{j}"], params[f"hi{j}"] = p.prefix, p.prefix + "\x7f"
+            sql = f"SELECT DISTINCT batch, `table` FROM {BATCHES_TABLE} WHERE {where}"
+            rows = self._client.query(sql, parameters=params).result_rows
+            written |= {(str(b), str(t)) for b, t in rows}
+        return written, {b for b, _ in written}
+
+    def _write_group(self, group: list[_Pending]) -> list[IngestResult | BaseException]:
+        first: dict[str, _Pending] = {}
+        conflicts: dict[int, KeyConflict] = {}
+        by_prefix: dict[str, _Pending] = {}
+        for p in group:
+            if p.prefix:
+                q = by_prefix.setdefault(p.prefix, p)
+                if q.key != p.key:  # same host and key, other content, in this group
+                    conflicts[id(p)] = self._conflict(p)
+                    continue
             first.setdefault(p.key, p)
         t0 = time.perf_counter()
-        written = queries.written_batches(self._client, list(first))
+        written, stored_ids = self._lookup(first)
         self.stats["lookup_s"] += time.perf_counter() - t0
+        for key, p in list(first.items()):
+            if p.prefix and key not in stored_ids and any(b.startswith(p.prefix) for b in stored_ids):
+                del first[key]
+                for q in group:
+                    if q.key == key:
+                        conflicts[id(q)] = self._conflict(q)
         by_table: dict[str, list[tuple[str, pa.Table]]] = {}
         for key, p in first.items():
             for name, table in p.tables.items():
@@ -253,11 +391,14 @@ class IngestWriter:
         else:
             for name, parts in by_table.items():
                 self._insert(name, parts)
-        jobs = [p.tables["jobs"] for p in group if "jobs" in p.tables]
+        jobs = [p.tables["jobs"] for p in group if "jobs" in p.tables and id(p) not in conflicts]
         if jobs and self.db is not None:
             upsert_jobs(self.db, jobs)
-        results = []
+        results: list[IngestResult | BaseException] = []
         for p in group:
+            if id(p) in conflicts:
+                results.append(conflicts[id(p)])
+                continue
             rows = {n: t.num_rows for n, t in p.tables.items() if t.num_rows}
             dup = first[p.key] is not p or (bool(rows) and all((p.key, n) in written for n in rows))
             results.append(IngestResult(rows=rows, duplicate=dup))
@@ -265,8 +406,16 @@ class IngestWriter:
         self.stats["write_s"] += time.perf_counter() - t0
         self.stats["batches"] += len(group)
         self.stats["rows"] += sum(p.num_rows for p in group)
-        self.stats["duplicates"] += sum(r.duplicate for r in results)
+        self.stats["duplicates"] += sum(isinstance(r, IngestResult) and r.duplicate for r in results)
         return results
+
+    def _conflict(self, p: _Pending) -> KeyConflict:
+        self.stats["conflicts_409"] += 1
+        scope = p.prefix.split(SEP, 1)[0]
+        return KeyConflict(
+            f"Idempotency-Key {p.client_key!r} was already used by host {scope!r} for different "
+            "content; send new data under a new key"
+        )
 
     def _thread_client(self) -> Any:
         local = self._local
@@ -298,6 +447,11 @@ class IngestWriter:
                 if attempt:
                     raise
                 log.warning("insert into %s failed; retrying once with the same token", name, exc_info=True)
+
+
+def _short(err: BaseException, limit: int = 300) -> str:
+    text = f"{type(err).__name__}: {err}"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def with_batch_column(parts: list[tuple[str, pa.Table]]) -> pa.Table:

@@ -20,7 +20,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse
 from fleetscope.server.settings import Settings
 
 from fleetscope import __version__
@@ -50,12 +51,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description="Observability and diagnosis for 3D-parallel LLM training fleets.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.ready = False
     app.state.services = []
     models = include_routes(app)
+    _bounded_integers(app)
     _document_models(app, models)
+    _local_docs(app)
     if settings.ui:
         _mount_ui(app, settings)
     return app
@@ -84,6 +89,20 @@ def include_routes(app: FastAPI) -> list[Any]:
     return models
 
 
+def _bounded_integers(app: FastAPI) -> None:
+    """An integer parameter past 64 bits (e.g. a path id of 40 digits) reaching the SQL
+    driver is the client's error: 422 naming the rule, not a 500 from the driver."""
+    from fastapi.responses import JSONResponse
+
+    async def overflow(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(
+            {"detail": f"an integer parameter is out of range (it must fit in 64 bits): {str(exc)[:200]}"},
+            status_code=422,
+        )
+
+    app.add_exception_handler(OverflowError, overflow)
+
+
 def _document_models(app: FastAPI, models: list[Any]) -> None:
     """Add ``models`` (and the models they reference) to the OpenAPI components."""
     generate = app.openapi
@@ -97,9 +116,91 @@ def _document_models(app: FastAPI, models: list[Any]) -> None:
             js = model.model_json_schema(ref_template="#/components/schemas/{model}")
             comps.update(js.pop("$defs", {}))
             comps[model.__name__] = js
+        # routes answer 4xx as {"detail": "<message naming the field and the limit>"};
+        # FastAPI's own request validation answers a list: document both
+        err = comps.get("HTTPValidationError", {}).get("properties", {})
+        if "detail" in err and "anyOf" not in err["detail"]:
+            err["detail"] = {"anyOf": [err["detail"], {"type": "string"}], "title": "Detail"}
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+class StoreDirError(Exception):
+    """The embedded store's directory cannot be created or written."""
+
+
+def check_store_dir(store_url: str) -> None:
+    """For a ``chdb://`` store: create its directory if missing and prove it writable
+    (root ignores permission bits, so a probe file is written, not ``os.access``).
+
+    Raises:
+        StoreDirError: naming the directory and the OS error.
+    """
+    import os
+    import tempfile
+
+    from fleetscope.server.store.url import parse_store_url
+
+    url = parse_store_url(store_url)
+    if url.scheme != "chdb":
+        return
+    try:
+        os.makedirs(url.path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=url.path, prefix=".fleetscope-write-check-"):
+            pass
+    except OSError as e:
+        raise StoreDirError(
+            f"store directory {url.path!r} is not writable ({e.strerror or e}); pass --store "
+            "chdb:///a/writable/dir or FLEETSCOPE_STORE_URL"
+        ) from None
+
+
+DOCS_ASSETS = "/docs-assets"
+"""Swagger UI and ReDoc files, served from the installed ``fastapi-offline`` package so
+``/docs`` and ``/redoc`` work on an air-gapped cluster (no CDN)."""
+
+
+def _local_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc`` with every asset served by this server."""
+    from pathlib import Path
+
+    import fastapi_offline
+    from fastapi.openapi.docs import (
+        get_redoc_html,
+        get_swagger_ui_html,
+        get_swagger_ui_oauth2_redirect_html,
+    )
+    from fastapi.staticfiles import StaticFiles
+
+    static = Path(fastapi_offline.__file__).parent / "static"
+    app.mount(DOCS_ASSETS, StaticFiles(directory=static), name="docs-assets")
+    openapi_url = app.openapi_url or "/openapi.json"
+    oauth2 = app.swagger_ui_oauth2_redirect_url or "/docs/oauth2-redirect"
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{openapi_url}", title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url=f"{root}{oauth2}",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+        )  # fmt: skip
+
+    @app.get(oauth2, include_in_schema=False)
+    async def swagger_oauth2_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(
+            openapi_url=f"{root}{openapi_url}", title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png", with_google_fonts=False,
+        )  # fmt: skip
 
 
 def _mount_ui(app: FastAPI, settings: Settings) -> None:

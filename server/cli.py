@@ -137,6 +137,12 @@ def run(args: argparse.Namespace) -> int:
     from fleetscope.cli import CliError
 
     settings = build_settings(args)
+    from fleetscope.server.app import StoreDirError, check_store_dir
+
+    try:
+        check_store_dir(settings.store_url)
+    except StoreDirError as e:
+        raise CliError(str(e)) from None
     try:
         serve(settings)
     except OSError as e:

@@ -122,6 +122,33 @@ class Settings(BaseSettings):
     """How long a replica's claim on outbox rows lasts; a crashed replica's claimed rows are
     delivered by another (or by itself after restart) once it expires. Deliveries time out
     after at most half of it."""
+    # ---- ingest and query limits (collector, server/api/routes/{ingest,jobs,views}) ----
+    max_decoded_bytes: int = Field(256 * MiB, ge=1024, le=16 * 1024 * MiB)
+    """Most bytes one ingest request may decode to (Arrow buffers after decompression,
+    dictionary-to-string expansion included); checked before decompressing. 413 beyond."""
+    max_request_rows: int = Field(2_000_000, ge=1, le=100_000_000)
+    """Most rows one ingest request may carry (all record types together). 413 beyond."""
+    max_string_bytes: int = Field(1 * MiB, ge=64, le=256 * MiB)
+    """Longest free-text value (log message, context, command...) in UTF-8 bytes. 422 beyond."""
+    max_symbol_bytes: int = Field(200, ge=16, le=4096)
+    """Longest name/id value (job, host, op, group id, ...); the SQL job and host columns
+    hold 200. 422 beyond."""
+    max_json_depth: int = Field(64, ge=4, le=1000)
+    """Deepest nesting accepted in a JSON ingest body. 400 beyond."""
+    max_world_size: int = Field(2**20, ge=1, le=2**24)
+    """Largest job (dp x tp x pp) and 1 + the largest rank accepted. 422 beyond."""
+    max_future_s: float = Field(3600.0, ge=0, le=7 * 86_400)
+    """Latest accepted time (after the clock offset): now + this. 422 beyond."""
+    max_clock_offset_s: float = Field(86_400.0, ge=0, le=365 * 86_400)
+    """Largest |X-Fleetscope-Clock-Offset-Ns| accepted. 400 beyond."""
+    max_batch_span_days: int = Field(900, ge=1, le=100_000)
+    """Largest span of one record type's partition time in one request (ClickHouse
+    refuses inserts touching more than 1000 day partitions). 422 beyond."""
+    max_inflight_bytes: int = Field(256 * MiB, ge=1024, le=64 * 1024 * MiB)
+    """Ingest body bytes being read, decoded or written at once; a request that would
+    pass it gets 429 + Retry-After before its body is read (one request is always let in)."""
+    max_ranks_expanded: int = Field(2**20, ge=1, le=2**24)
+    """Most ranks a ``ranks=`` query parameter may select (before expanding it). 422 beyond."""
 
     @field_validator("log_level")
     @classmethod

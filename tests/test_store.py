@@ -82,8 +82,11 @@ def test_retry_writes_only_the_missing_tables(env):
     res = run_writer(store, db, [("k-partial", {"steps": steps, "metrics": metrics})])
     assert not res[0].duplicate
     assert count(store, "steps", "partial") == 4 and count(store, "metrics", "partial") == 5
+    from fleetscope.collector.writer import stored_batch_id
+
     batches = store.query_rows(
-        "SELECT `table`, sum(rows) AS n FROM ingest_batches WHERE batch = 'k-partial' GROUP BY `table` ORDER BY `table`"
+        "SELECT `table`, sum(rows) AS n FROM ingest_batches WHERE batch = {b:String} GROUP BY `table` ORDER BY `table`",
+        {"b": stored_batch_id("", "k-partial", "-")},  # no host scope, no content digest given
     )
     assert [(b["table"], b["n"]) for b in batches] == [("metrics", 5), ("steps", 4)]
 
@@ -115,7 +118,7 @@ def test_clock_offset_and_host_header(env):
             sample_rows("collectives", 2, t0_ns=2_000_000_000 * 10**9, host="", completed_ns=-1),
         )
     }
-    out = prepare(t, host="node-7", clock_offset_ns=-5)
+    out = prepare(t, host="node-7", clock_offset_ns=-5, now_ns=2_000_000_000 * 10**9)  # times in 2033
     c = out["collectives"]
     assert c["enqueued_ns"].to_pylist() == [2_000_000_000 * 10**9 - 5, 2_000_000_000 * 10**9 + MS - 5]
     assert c["completed_ns"].to_pylist() == [-1, -1]  # sentinels untouched

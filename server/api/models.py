@@ -3,6 +3,7 @@ so the JSON ingest format documented in OpenAPI is the schema, by construction."
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -10,11 +11,21 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from fleetscope.schema import PYTHON_TYPES, RECORD_TYPES, SCHEMA_VERSION, RecordType
 
 
+def _nan() -> float:
+    return math.nan
+
+
 def record_model(rt: RecordType) -> type[BaseModel]:
     """A pydantic model of one record type (required columns without default)."""
     fields: dict[str, Any] = {}
     for c in rt.columns:
         t = PYTHON_TYPES[c.type]
+        if isinstance(c.default, float) and math.isnan(c.default):
+            # a NaN default is not JSON: OpenAPI would fail to render (500). A factory
+            # keeps the model's default and leaves it out of the JSON schema.
+            doc = f"{c.doc} (omitted or null: NaN)"
+            fields[c.name] = (t, Field(default_factory=_nan, description=doc))
+            continue
         default = ... if c.required else c.default
         fields[c.name] = (t, Field(default, description=c.doc))
     return create_model(

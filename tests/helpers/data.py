@@ -39,6 +39,8 @@ def sample_rows(record: str, n: int, job: str = "job-test", t0_ns: int | None = 
                 row[c.name] = 500_000
             elif c.name in ("dp", "tp", "pp"):
                 row[c.name] = 1
+            elif c.name == "num_microbatches":  # a job has at least one
+                row[c.name] = 1 + i % 7
             elif c.name == "order":
                 row[c.name] = "tp-dp-pp"
             elif c.name == "status":

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse
-from fleetscope.server.api.deps import SessionDep, StoreDep
+from fleetscope.server.api.deps import SessionDep, SettingsDep, StoreDep
 from fleetscope.server.api.models import JobDetail, JobPublic, StepBreakdown, Topology
 from fleetscope.server.db.models import Job
 from fleetscope.server.store import queries
@@ -77,24 +77,48 @@ def mfu(job: Job, steps_per_s: float | None) -> float | None:
     return job.model_flops_per_step * steps_per_s / (job.world_size * job.device_peak_flops)
 
 
-def parse_ranks(text: str | None) -> list[int]:
-    """``"0,3,8-11"`` -> ``[0, 3, 8, 9, 10, 11]``; raises 422 naming the bad part."""
+def check_rank_spec(text: str | None, limit: int) -> None:
+    """422 when ``ranks=`` would select more than ``limit`` ranks, counted from the
+    text before anything is expanded (parts that are not ranges count one each)."""
+    if not text:
+        return
+    total = 0
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if sep and lo.isdigit() and hi.isdigit() and len(lo) < 12 and len(hi) < 12:
+            total += max(0, int(hi) - int(lo) + 1)
+        else:
+            total += 1
+        if total > limit:
+            raise HTTPException(
+                422, detail=f"ranks: selects more than max_ranks_expanded={limit} ranks"
+            )
+
+
+def parse_ranks(text: str | None, limit: int = 2**20) -> list[int]:
+    """``"0,3,8-11"`` -> ``[0, 3, 8, 9, 10, 11]``; raises 422 naming the bad part, or the
+    limit when more than ``limit`` ranks would be selected (checked before expanding)."""
     if not text:
         return []
+    check_rank_spec(text, limit)
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
         lo, sep, hi = part.partition("-")
         try:
+            if len(part) > 24:
+                raise ValueError
             if sep:
                 a, b = int(lo), int(hi)
-                if b < a or b - a > 1_000_000:
+                if b < a or a < 0:
                     raise ValueError
                 out.extend(range(a, b + 1))
             else:
                 out.append(int(part))
+                if out[-1] < 0:
+                    raise ValueError
         except ValueError:
-            raise HTTPException(422, detail=f"ranks: bad value {part!r} (use e.g. 0,3,8-11)") from None
+            raise HTTPException(422, detail=f"ranks: bad value {part[:40]!r} (use e.g. 0,3,8-11)") from None
     return out
 
 
@@ -103,6 +127,7 @@ def job_steps(
     job: str,
     store: StoreDep,
     session: SessionDep,
+    settings: SettingsDep,
     from_step: Annotated[int, Query(ge=0)] = 0,
     to_step: Annotated[int | None, Query(ge=0)] = None,
     ranks: Annotated[str | None, Query(description="comma list / ranges, e.g. 0,3,8-11; default all")] = None,
@@ -113,7 +138,7 @@ def job_steps(
     from the materialized per-rank-per-step rollup."""
     if to_step is not None and to_step < from_step:
         raise HTTPException(422, detail=f"to_step={to_step} is before from_step={from_step}")
-    rank_list = parse_ranks(ranks)
+    rank_list = parse_ranks(ranks, settings.max_ranks_expanded)
     if attempt is None:
         row = session.get(Job, job)
         attempt = row.attempt if row is not None else queries.latest_attempt(store, job)

@@ -32,4 +32,5 @@ def store_stats(store: StoreDep, collector: CollectorDep) -> dict:
         "ingest": collector.stats,
         "queued_rows": collector.queued_rows,
         "clock_offsets": collector.clock_offsets,
+        "hosts_seen_ns": collector.host_seen_ns,
     }

@@ -16,8 +16,10 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse, Response
-from fleetscope.server.api.deps import SessionDep, StoreDep
+from fleetscope.server.api.deps import SessionDep, SettingsDep, StoreDep
+from fleetscope.server.api.routes.jobs import check_rank_spec
 from fleetscope.server.db.models import Job
+from fleetscope.server.settings import Settings
 from fleetscope.server.store import queries, view_queries
 from fleetscope.server.views import grid as grid_view
 from fleetscope.server.views import heatmap as heatmap_view
@@ -53,19 +55,38 @@ class JobView:
     status: str = "running"
 
 
-def resolve_job(session, store, job: str) -> JobView:
+MAX_WORLD_SIZE = Settings.model_fields["max_world_size"].default
+
+
+def _topology(job: str, dp: int, tp: int, pp: int, order: str, max_world: int) -> Topology:
+    """The job's topology; 422 naming the field when what is stored is unusable (rows
+    written before ingest bounded topologies), never a world-size allocation."""
+    for name, v in (("dp", dp), ("tp", tp), ("pp", pp)):
+        if not 1 <= v <= max_world:
+            raise HTTPException(422, detail=f"job {job!r}: stored topology {name}={v} is outside 1..max_world_size={max_world}")
+    if dp * tp * pp > max_world:
+        raise HTTPException(
+            422, detail=f"job {job!r}: stored world size {dp}*{tp}*{pp} is more than max_world_size={max_world}"
+        )
+    try:
+        return Topology(dp=dp, tp=tp, pp=pp, order=order)
+    except ValueError as e:
+        raise HTTPException(422, detail=f"job {job!r}: stored {e}") from None
+
+
+def resolve_job(session, store, job: str, max_world: int = MAX_WORLD_SIZE) -> JobView:
     """Topology and latest attempt of ``job``: control-plane row, else the ``jobs``
     records in the store, else inferred (pure DP) from the ranks that reported."""
     row = session.get(Job, job)
     if row is not None:
         return JobView(
-            job, row.attempt, Topology(dp=row.dp, tp=row.tp, pp=row.pp, order=row.order),
+            job, row.attempt, _topology(job, row.dp, row.tp, row.pp, row.order, max_world),
             row.num_microbatches, row.model_flops_per_step, row.device_peak_flops, row.status,
         )
     meta = view_queries.job_meta(store, job)
     attempt = queries.latest_attempt(store, job)
     if meta is not None:
-        topo = Topology(dp=int(meta["dp"]), tp=int(meta["tp"]), pp=int(meta["pp"]), order=str(meta["order"]))
+        topo = _topology(job, int(meta["dp"]), int(meta["tp"]), int(meta["pp"]), str(meta["order"]), max_world)
         return JobView(
             job, attempt or 0, topo, int(meta["num_microbatches"]),
             float(meta["model_flops_per_step"]), float(meta["device_peak_flops"]), str(meta["status"]),
@@ -73,7 +94,7 @@ def resolve_job(session, store, job: str) -> JobView:
     if attempt is None:
         raise HTTPException(404, detail=f"job {job!r} not found")
     world = view_queries.max_rank(store, job, attempt) + 1
-    return JobView(job, attempt, Topology(dp=max(world, 1)), 1, 0.0, 0.0)
+    return JobView(job, attempt, _topology(job, max(world, 1), 1, 1, "tp-dp-pp", max_world), 1, 0.0, 0.0)
 
 
 def step_window(store, jv: JobView, from_step: int | None, to_step: int | None, default_len: int) -> tuple[int, int] | None:
@@ -179,7 +200,8 @@ def trend(
     return out
 
 
-def _timeline_input(store, session, job, ranks, focus, from_step, to_step, default_len):
+def _timeline_input(store, session, job, ranks, focus, from_step, to_step, default_len, max_ranks=2**20):
+    check_rank_spec(ranks, max_ranks)
     jv = resolve_job(session, store, job)
     try:
         rank_list = timeline_view.parse_ranks(ranks or "", jv.topo) or timeline_view.default_ranks(jv.topo, focus)
@@ -194,6 +216,7 @@ def timeline(
     job: str,
     store: StoreDep,
     session: SessionDep,
+    settings: SettingsDep,
     ranks: Annotated[str | None, Query(description="e.g. 0,2,4-7 or a group id like pp.dp0.tp0; default: the pipeline chain of `rank`")] = None,
     rank: Annotated[int | None, Query(ge=0, description="focus rank for the default rank set")] = None,
     from_step: Annotated[int | None, Query(ge=0)] = None,
@@ -203,7 +226,9 @@ def timeline(
 ) -> dict:
     """Sections and collectives/p2p of a rank set in a step window (default: the last two
     steps), at most ``max_spans`` of them, with send -> recv dependency links."""
-    jv, rank_list, window = _timeline_input(store, session, job, ranks, rank, from_step, to_step, 2)
+    jv, rank_list, window = _timeline_input(
+        store, session, job, ranks, rank, from_step, to_step, 2, settings.max_ranks_expanded
+    )
     if len(rank_list) > max_ranks:
         raise HTTPException(422, detail=f"ranks: {len(rank_list)} ranks selected, at most max_ranks={max_ranks}")
     if window is None:
@@ -217,6 +242,7 @@ def trace(
     job: str,
     store: StoreDep,
     session: SessionDep,
+    settings: SettingsDep,
     ranks: Annotated[str | None, Query(description="as for /timeline")] = None,
     rank: Annotated[int | None, Query(ge=0)] = None,
     from_step: Annotated[int | None, Query(ge=0)] = None,
@@ -225,7 +251,9 @@ def trace(
 ) -> JSONResponse:
     """The same window as ``/timeline`` as a Chrome trace-event file (open it in
     https://ui.perfetto.dev or chrome://tracing)."""
-    jv, rank_list, window = _timeline_input(store, session, job, ranks, rank, from_step, to_step, 2)
+    jv, rank_list, window = _timeline_input(
+        store, session, job, ranks, rank, from_step, to_step, 2, settings.max_ranks_expanded
+    )
     df = view_queries.empty_spans()
     total = 0
     if window is not None:
