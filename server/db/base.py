@@ -53,7 +53,7 @@ def alembic_config(engine: Engine):
     return cfg
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
+def upgrade(engine: Engine, revision: str = "heads") -> None:
     """Apply Alembic migrations up to ``revision`` (idempotent)."""
     from alembic import command
 
