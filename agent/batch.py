@@ -20,7 +20,7 @@ from fleetscope.agent.offsets import Pending, Range
 from fleetscope.agent.ranks import RankRegistry, describe_inflight
 from fleetscope.agent.tailer import ReadFrame, Segment, scan_frames
 
-from fleetscope import codec
+from fleetscope import codec, spool
 from fleetscope.schema import RECORD_TYPES
 
 log = logging.getLogger("fleetscope.agent")
@@ -125,14 +125,30 @@ def make_batch(host: str, frames: list[Decoded], bad: list[tuple[ReadFrame, str]
 
 
 def decode_frame(fr: ReadFrame) -> tuple[Decoded | None, str]:
-    """Decode and validate one frame; (None, reason) for a corrupt or invalid one."""
+    """Decode and validate one frame; (None, reason) for a corrupt or invalid one.
+
+    Never raises: any damage in the bytes (a checksum that matched by chance, a writer
+    bug, invalid UTF-8 in a string or in the metadata) makes the frame bad, with the
+    reason, instead of stopping the agent.
+    """
     if fr.payload is None:
         return None, "corrupt bytes (bad header or checksum, or truncated)"
     try:
+        return _decode(fr)
+    except Exception as e:  # noqa: BLE001 - a bad frame costs only itself
+        return None, f"undecodable frame: {type(e).__name__}: {str(e)[:200]}"
+
+
+def _decode(fr: ReadFrame) -> tuple[Decoded | None, str]:
+    try:
         table = codec.ipc_to_table(fr.payload)
-    except (pa.ArrowInvalid, OSError) as e:
+    except (pa.ArrowException, OSError) as e:
         return None, f"payload is not an Arrow IPC stream: {e}"
-    name = (table.schema.metadata or {}).get(b"fleetscope.record", b"").decode()
+    raw_name = (table.schema.metadata or {}).get(b"fleetscope.record", b"")
+    try:
+        name = raw_name.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, f"record type {raw_name[:60]!r} in schema metadata is not UTF-8"
     rt = RECORD_TYPES.get(name)
     if rt is None:
         return None, f"unknown record type {name!r} in schema metadata"
@@ -142,6 +158,12 @@ def decode_frame(fr: ReadFrame) -> tuple[Decoded | None, str]:
             table = codec.conform(rt, table)
         except codec.BatchError as e:
             return None, f"invalid {name} table: {e}"
+    for field_, col in zip(table.schema, table.columns):
+        if pa.types.is_string(field_.type) or pa.types.is_large_string(field_.type):
+            try:
+                col.validate(full=True)  # UTF-8: the server would refuse the whole batch
+            except pa.ArrowInvalid:
+                return None, f"invalid {name} table: column {field_.name!r} is not valid UTF-8"
     return Decoded(fr, name, table), ""
 
 
@@ -165,7 +187,10 @@ def build_batch(host: str, frames: list[ReadFrame], ranks: RankRegistry | None) 
             last[(fr.segment.job, fr.segment.rank, d.record)] = d
     if ranks is not None:  # a rank's frames come in time order: its last one says it all
         for d in last.values():
-            _observe(ranks, d.frame.segment, d)
+            try:
+                _observe(ranks, d.frame.segment, d)
+            except Exception as e:  # noqa: BLE001 - liveness facts are best effort
+                log.debug("cannot read liveness facts of %s: %s", d.frame.segment.key, e)
     return make_batch(host, good, bad)
 
 
@@ -183,10 +208,10 @@ def frames_for_ranges(ranges: Iterable[Range], paths: dict[str, Path]) -> list[R
             st = p.stat()
             if st.st_ino != r.ino:
                 return None
-            with open(p, "rb") as f:
+            with spool.open_nofollow(p) as f:
                 f.seek(r.start)
                 data = f.read(r.end - r.start)
-        except FileNotFoundError:
+        except (FileNotFoundError, spool.SpoolError):
             return None
         if len(data) != r.end - r.start:
             return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import re
 
 DESCRIPTION = """\
@@ -59,8 +58,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "are scanned anyway")
     p.add_argument("--state-dir", metavar="DIR", help="offsets/outbox dir (default <spool>/.fleetscope-agent)")
     p.add_argument("--host", metavar="NAME", help="host name to report (default: this host's name)")
-    p.add_argument("--token", metavar="TOKEN", default=os.environ.get("FLEETSCOPE_TOKEN"),
-                   help="bearer token for the server (default $FLEETSCOPE_TOKEN)")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="file holding the bearer token (an 'ingest' token from `fleetscope token "
+                        "create --scope ingest`); default $FLEETSCOPE_TOKEN_FILE, else $FLEETSCOPE_TOKEN")
+    p.add_argument("--token", metavar="TOKEN", default=None,
+                   help="bearer token on the command line: DISCOURAGED, every user of the host "
+                        "sees it in `ps`; use --token-file or $FLEETSCOPE_TOKEN")
     g = p.add_argument_group("batching and retries")
     g.add_argument("--batch-bytes", default="4M", metavar="SIZE",
                    help="ship when this much spool data is pending (default 4M)")
@@ -77,6 +80,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--disk-budget", metavar="SIZE", help="spool disk budget, e.g. 20G (default none)")
     g.add_argument("--budget-policy", choices=["keep", "drop-oldest"], default="keep",
                    help="at the budget with only unacked data left (default keep)")
+    g.add_argument("--rejected-max", default="64M", metavar="SIZE",
+                   help="cap of <state>/rejected/ (frames the server refused; oldest deleted "
+                        "beyond it; default 64M)")
     g.add_argument("--retain-acked", action="store_true",
                    help="keep acked sealed segments until the budget needs the space")
     g = p.add_argument_group("metrics, heartbeats, clock")
@@ -109,13 +115,20 @@ def build_config(args: argparse.Namespace):
     for name in ("batch_delay", "poll", "metrics_interval", "heartbeat", "max_backoff"):
         if getattr(args, name) <= 0:
             raise CliError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be positive")
+    from fleetscope.agent.config import read_token
+
+    try:
+        token = read_token(args.token_file, args.token)
+    except ValueError as e:
+        raise CliError(f"--token-file: {e}") from None
     kw = {}
     if args.host:
         kw["host"] = args.host
     try:
         return AgentConfig(
             server=args.server, spool=args.spool, job=args.job, state_dir=args.state_dir,
-            token=args.token, batch_bytes=parse_size(args.batch_bytes),
+            token=token, batch_bytes=parse_size(args.batch_bytes),
+            rejected_max_bytes=parse_size(args.rejected_max),
             batch_delay_s=args.batch_delay, poll_s=args.poll, compression=args.compression,
             in_flight=args.in_flight,
             max_backoff_s=args.max_backoff, clock_sync=not args.no_clock_sync,

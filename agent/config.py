@@ -21,7 +21,8 @@ class AgentConfig:
     spool: Path
     """Spool directory written by the trainer hooks (``<spool>/<job>/rank-*/seg-*.fsp``)."""
     token: str | None = None
-    """Bearer token for a server that requires one (``FLEETSCOPE_TOKEN``)."""
+    """Bearer token for a server that requires one (``--token-file``, ``FLEETSCOPE_TOKEN_FILE``
+    or ``FLEETSCOPE_TOKEN``; see :func:`read_token`)."""
     job: str | None = None
     """Ship only this job's directory; ``None`` ships every job found."""
     state_dir: Path | None = None
@@ -67,6 +68,8 @@ class AgentConfig:
     """At the budget with only unacked data left: 'keep' (warn, delete nothing) or 'drop-oldest'."""
     retain_acked: bool = False
     """Keep fully acked sealed segments until the budget needs the space (oldest first)."""
+    rejected_max_bytes: int = 64 << 20
+    """Cap on ``<state>/rejected/`` (frames the server refused); oldest deleted beyond it."""
     dead_writer_grace_s: float = 5.0
     """A segment whose writer process is gone and that has not changed this long is sealed."""
 
@@ -84,7 +87,7 @@ class AgentConfig:
             raise ValueError(f"compression must be zstd, lz4 or none, got {self.compression!r}")
         if self.budget_policy not in ("keep", "drop-oldest"):
             raise ValueError(f"budget policy must be keep or drop-oldest, got {self.budget_policy!r}")
-        for name in ("batch_bytes", "in_flight"):
+        for name in ("batch_bytes", "in_flight", "rejected_max_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("batch_delay_s", "poll_s", "heartbeat_s", "metrics_interval_s"):
@@ -110,3 +113,30 @@ def node_name() -> str:
         if os.environ.get(var):
             return os.environ[var]
     return ""
+
+
+TOKEN_ENV = "FLEETSCOPE_TOKEN"
+TOKEN_FILE_ENV = "FLEETSCOPE_TOKEN_FILE"
+
+
+def read_token(token_file: str | os.PathLike | None = None, argv_token: str | None = None) -> str | None:
+    """The agent's bearer token, kept out of ``argv`` where possible.
+
+    Order: ``token_file`` (``--token-file``), then ``$FLEETSCOPE_TOKEN_FILE``, then
+    ``argv_token`` (``--token``, discouraged: visible in ``ps``), then
+    ``$FLEETSCOPE_TOKEN``. The file holds the token on its first line.
+
+    Raises:
+        ValueError: the file cannot be read or is empty (naming the file).
+    """
+    path = token_file or os.environ.get(TOKEN_FILE_ENV)
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"token file {str(path)!r}: cannot read it ({type(e).__name__})") from None
+        token = text.strip().splitlines()[0].strip() if text.strip() else ""
+        if not token:
+            raise ValueError(f"token file {str(path)!r} is empty")
+        return token
+    return argv_token or os.environ.get(TOKEN_ENV) or None

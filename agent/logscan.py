@@ -13,6 +13,7 @@ where the last scan ended.
 
 from __future__ import annotations
 
+import glob
 import logging
 import re
 import threading
@@ -26,6 +27,8 @@ from fleetscope.agent.offsets import OffsetStore
 from fleetscope.agent.outbox import Outbox
 from fleetscope.agent.patterns import TRACEBACK_START, match_line
 from fleetscope.agent.ranks import rank_from_dirname
+
+from fleetscope import spool
 
 log = logging.getLogger("fleetscope.agent")
 MAX_LINE = 4096
@@ -80,8 +83,9 @@ class LogScanner:
         self.num_events = 0
 
     def discover(self) -> list[Path]:
-        pattern = f"{self.job}/rank-*/*.log" if self.job else "[!.]*/rank-*/*.log"
-        found = sorted(self.spool.glob(pattern)) if self.spool.is_dir() else []
+        job = glob.escape(spool.job_dirname(self.job)) if self.job else "[!.]*"
+        found = sorted(p for p in self.spool.glob(f"{job}/rank-*/*.log")
+                       if not _links_inside(self.spool, p)) if self.spool.is_dir() else []
         return found + [p for p in self.extra if p not in found]
 
     def scan_once(self) -> int:
@@ -90,7 +94,7 @@ class LogScanner:
         for path in self.discover():
             st = self.files.get(path)
             if st is None:
-                job = path.parent.parent.name if rank_from_dirname(path.parent.name) is not None else ""
+                job = spool.job_from_dirname(path.parent.parent.name) if rank_from_dirname(path.parent.name) is not None else ""
                 st = self.files[path] = _FileState(path, job, rank_of_log(path),
                                                    before=deque(maxlen=self.context_lines))
             try:
@@ -197,3 +201,13 @@ class LogScanThread(threading.Thread):
                 self.scanner.scan_once()
             except Exception as e:
                 log.warning("log scan failed: %s", e)
+
+
+def _links_inside(root: Path, path: Path) -> bool:
+    """Whether ``path`` or a directory between it and ``root`` is a symbolic link."""
+    p = path
+    while p != root and p != p.parent:
+        if p.is_symlink():
+            return True
+        p = p.parent
+    return False

@@ -23,14 +23,33 @@ batches the server already has; their re-send is answered ``duplicate``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 STATE_VERSION = 1
+log = logging.getLogger("fleetscope.agent")
+
+
+class UnsupportedState(ValueError):
+    """The state file was written by another (newer) agent version: not reset silently."""
+
+
+def _entries(doc: object, name: str) -> dict[str, dict[str, int]]:
+    """Validate ``{"key": {"ino": int, "offset": int}}``."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{name}: expected an object")
+    for k, e in doc.items():
+        if not (isinstance(e, dict) and all(
+                isinstance(e.get(f), int) and not isinstance(e.get(f), bool) and e.get(f) >= 0
+                for f in ("ino", "offset"))):
+            raise ValueError(f"{name}[{k!r}]: expected {{'ino': int, 'offset': int}}")
+    return doc
 
 
 @dataclass(frozen=True)
@@ -58,7 +77,11 @@ class Pending:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Pending:
-        return cls(d["key"], tuple(Range(**r) for r in d["ranges"]), int(d.get("clock_offset_ns", 0)))
+        ranges = tuple(Range(str(r["file"]), int(r["ino"]), int(r["start"]), int(r["end"]))
+                       for r in d["ranges"])
+        if not isinstance(d["key"], str) or any(r.start < 0 or r.end < r.start for r in ranges):
+            raise ValueError(f"pending batch {d.get('key')!r}: bad key or byte range")
+        return cls(d["key"], ranges, int(d.get("clock_offset_ns", 0)))
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -89,15 +112,49 @@ class OffsetStore:
         self.logs: dict[str, dict[str, int]] = {}
         self.counters: dict[str, int] = {}
         self.pending: list[Pending] = []
+        self.reset_from: Path | None = None
+        """Where an unreadable state file was moved aside at start (``None``: it was fine)."""
         if self.path.exists():
-            doc = json.loads(self.path.read_text())
-            if doc.get("version") != STATE_VERSION:
-                raise ValueError(f"{self.path}: state version {doc.get('version')!r} not supported")
-            self.files = doc.get("files", {})
-            self.logs = doc.get("logs", {})
-            self.counters = doc.get("counters", {})
-            raw = doc.get("pending") or []
-            self.pending = [Pending.from_json(d) for d in (raw if isinstance(raw, list) else [raw])]
+            try:
+                self._load(self.path.read_bytes())
+            except UnsupportedState:
+                raise
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+                self._reset(f"{type(e).__name__}: {e}")
+
+    def _load(self, raw: bytes) -> None:
+        doc = json.loads(raw.decode("utf-8"))
+        if not isinstance(doc, dict):
+            raise ValueError("state is not a JSON object")
+        if doc.get("version") != STATE_VERSION:
+            raise UnsupportedState(f"{self.path}: state version {doc.get('version')!r} not supported")
+        files = _entries(doc.get("files", {}), "files")
+        logs = _entries(doc.get("logs", {}), "logs")
+        counters = doc.get("counters", {})
+        if not isinstance(counters, dict) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in counters.values()):
+            raise ValueError("counters: expected an object of integers")
+        raw_p = doc.get("pending") or []
+        pending = [Pending.from_json(d) for d in (raw_p if isinstance(raw_p, list) else [raw_p])]
+        self.files, self.logs, self.counters, self.pending = files, logs, dict(counters), pending
+
+    def _reset(self, why: str) -> None:
+        """An empty, torn or corrupt state file: keep it aside and start from nothing.
+
+        Every file is then re-read from its start: nothing acknowledged is lost, and what
+        was shipped before may be sent again (under new batch keys, so the server may
+        store some rows twice); the reset is counted (``state_resets``) and logged.
+        """
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{time.time_ns()}")
+        try:
+            os.replace(self.path, aside)
+            self.reset_from = aside
+        except OSError:
+            self.reset_from = self.path
+        log.error("agent state %s is unreadable (%s); moved to %s and starting over: spool "
+                  "files are re-read from their start", self.path, why, aside)
+        self.counters = {"state_resets": 1}
+        self._save()
 
     # -- spool segments ------------------------------------------------------------------
     def offset(self, file: str, ino: int) -> int:

@@ -22,7 +22,9 @@ and the rest is shipped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -76,7 +78,8 @@ class Shipper:
                  ranks: RankRegistry | None, outbox: Outbox | None, state_dir: Path,
                  batch_bytes: int = 4 << 20, batch_delay_s: float = 0.5, poll_s: float = 0.1,
                  compression: str | None = "zstd", in_flight: int = 4,
-                 stop_event: threading.Event | None = None):
+                 stop_event: threading.Event | None = None,
+                 rejected_max_bytes: int = 64 << 20):
         self.host = host
         self.tailer = tailer
         self.offsets = offsets
@@ -86,6 +89,8 @@ class Shipper:
         self.ranks = ranks
         self.outbox = outbox
         self.rejected_dir = Path(state_dir) / "rejected"
+        self.rejected_max_bytes = rejected_max_bytes
+        """Cap on ``rejected/``: the oldest saved frames are deleted (counted) beyond it."""
         self.batch_bytes = batch_bytes
         self.batch_delay_s = batch_delay_s
         self.poll_s = poll_s
@@ -355,15 +360,46 @@ class Shipper:
                     "severity": "warning", "message": msg}])
 
     def _quarantine(self, fr: ReadFrame, why: str) -> None:
-        self.rejected_dir.mkdir(parents=True, exist_ok=True)
         name = fr.segment.key.replace("/", "_") + f".{fr.start}-{fr.end}"
-        (self.rejected_dir / (name + ".frame")).write_bytes(fr.payload or b"")
-        (self.rejected_dir / (name + ".txt")).write_text(why + "\n")
-        msg = (f"server rejected frame at offset {fr.start} of {fr.segment.key} ({why}); "
-               f"saved to {self.rejected_dir / (name + '.frame')} and skipped")
+        payload = fr.payload or b""
+        saved = len(payload) <= self.rejected_max_bytes // 2
+        try:
+            self.rejected_dir.mkdir(parents=True, exist_ok=True)
+            if saved:
+                (self.rejected_dir / (name + ".frame")).write_bytes(payload)
+            (self.rejected_dir / (name + ".txt")).write_text(why[:2000] + "\n")
+            self._cap_rejected()
+        except OSError as e:  # a full disk must not stop shipping the rest
+            saved = False
+            log.error("cannot save rejected frame %s: %s", name, e)
+        where = f"saved to {self.rejected_dir / (name + '.frame')}" if saved else \
+            f"not saved (over half of the rejected/ cap of {self.rejected_max_bytes} bytes, or unwritable)"
+        msg = (f"server rejected frame at offset {fr.start} of {fr.segment.key} ({why[:500]}); "
+               f"{where} and skipped")
         log.error("%s", msg)
         if self.outbox is not None:
             self.outbox.write("log_events", [{
                 "ts_ns": time.time_ns(), "job": fr.segment.job, "host": self.host,
                 "rank": fr.segment.rank, "source": fr.segment.key, "kind": "spool_rejected",
                 "severity": "error", "message": msg}])
+
+    def _cap_rejected(self) -> None:
+        """Delete the oldest files of ``rejected/`` until it holds at most the cap."""
+        files = []
+        for e in os.scandir(self.rejected_dir):
+            if e.is_file(follow_symlinks=False):
+                st = e.stat(follow_symlinks=False)
+                files.append((st.st_mtime_ns, e.name, st.st_size))
+        total = sum(f[2] for f in files)
+        evicted = 0
+        for _, name, size in sorted(files):
+            if total <= self.rejected_max_bytes:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.rejected_dir / name)
+            total -= size
+            evicted += 1
+        if evicted:
+            log.warning("rejected/ over its cap of %d bytes: deleted the %d oldest files",
+                        self.rejected_max_bytes, evicted)
+            self.offsets.add_counters({"rejected_evicted": evicted})

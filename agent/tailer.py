@@ -76,20 +76,23 @@ class SpoolTailer:
             jobs = sorted(os.scandir(self.spool_dir), key=lambda e: e.name)
         except FileNotFoundError:
             return out
+        only = spool.job_dirname(self.job) if self.job is not None else None
         for j in jobs:
-            if j.name.startswith(".") or not j.is_dir():
+            # symbolic links are never followed: a link in the spool could point anywhere
+            if j.name.startswith(".") or not j.is_dir(follow_symlinks=False):
                 continue
-            if self.job is not None and j.name != self.job:
+            if only is not None and j.name != only:
                 continue
             try:
                 rank_dirs = sorted(os.scandir(j.path), key=lambda e: e.name)
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 continue
+            job = spool.job_from_dirname(j.name)
             for r in rank_dirs:
                 rank = rank_from_dirname(r.name)
-                if rank is None or not r.is_dir():
+                if rank is None or not r.is_dir(follow_symlinks=False):
                     continue
-                out.append((f"{j.name}/{r.name}", Path(r.path), j.name, rank))
+                out.append((f"{j.name}/{r.name}", Path(r.path), job, rank))
         return out
 
     def segments(self) -> list[Segment]:
@@ -168,7 +171,11 @@ class SpoolTailer:
 
     def _read_segment(self, seg: Segment, pos: int, want: int) -> Iterator[ReadFrame]:
         window = max(MIN_WINDOW, want + spool.HEADER.size)
-        with open(seg.path, "rb") as f:
+        try:
+            f = spool.open_nofollow(seg.path)
+        except spool.SpoolError:  # replaced by a symlink since it was listed
+            return
+        with f:
             while True:
                 f.seek(pos)
                 data = f.read(window)

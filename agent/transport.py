@@ -5,6 +5,12 @@ Outcomes of one batch: ``ok`` (200, rows are in the store), ``rejected`` (400, 4
 with ``X-Fleetscope-Retry: no``) or ``stopped`` (the agent
 is shutting down; the batch stays pending and is re-sent on the next start). Anything
 else (connection refused, timeouts, 5xx, 429) is retried until one of those happens.
+
+Only a fleetscope answer counts: an ack is a 200 whose body is the ingest route's JSON
+object (``accepted: true``, ``rows`` per table, boolean ``duplicate``), and a rejection
+is a 4xx whose body is a JSON object with ``detail``. Anything else (a proxy's or a
+wrong ``--server``'s HTML page answering 200 or 400) is retried, never taken as an
+acknowledgement: offsets stay where they are and no segment is deleted.
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class Transport:
         self._lock = threading.Lock()
         self.num_retries = 0
         self.num_throttled = 0
+        self.num_bad_acks = 0
+        """200 answers that were not a fleetscope ack (retried, never committed)."""
         self.connected = False
         self._warned = False
 
@@ -92,21 +100,24 @@ class Transport:
                 wait = backoff_s(attempt, self.max_backoff_s)
                 self._unreachable(f"{type(e).__name__}: {e}", wait)
             else:
-                if r.status_code == 200:
+                ack = parse_ack(r) if r.status_code == 200 else None
+                if ack is not None:
                     with self._lock:
                         if not self.connected or self._warned:
                             log.info("server %s acknowledged a batch; shipping", self.server)
                         self.connected, self._warned = True, False
-                    dup = False
-                    try:
-                        dup = bool(r.json().get("duplicate", False))
-                    except ValueError:
-                        pass
-                    return PostResult("ok", 200, attempts=attempt, duplicate=dup)
+                    return PostResult("ok", 200, attempts=attempt, duplicate=ack["duplicate"])
                 detail = _detail(r)
-                if r.status_code in REJECTED_STATUSES:
+                if r.status_code == 200:
+                    with self._lock:
+                        self.num_bad_acks += 1
+                    wait = backoff_s(attempt, self.max_backoff_s)
+                    self._unreachable(f"HTTP 200 that is not a fleetscope ack "
+                                      f"({r.headers.get('content-type', '?')}: {detail[:80]!r}); "
+                                      "is --server a fleetscope server?", wait)
+                elif r.status_code in REJECTED_STATUSES and _is_fleetscope_error(r):
                     return PostResult("rejected", r.status_code, detail, attempt)
-                if r.status_code == 429:
+                elif r.status_code == 429:
                     with self._lock:
                         self.num_throttled += 1
                     wait = retry_after_s(r.headers.get("Retry-After"),
@@ -129,6 +140,38 @@ class Transport:
                         self.server, why)
         else:
             log.debug("still cannot ship (%s); next try in %.2fs", why, wait)
+
+
+def parse_ack(r: httpx.Response) -> dict | None:
+    """The ingest route's acknowledgement, or ``None`` if ``r`` is not one.
+
+    A well-formed ack is a JSON object with ``accepted: true``, ``rows`` (rows stored per
+    record table, non-negative integers) and a boolean ``duplicate``
+    (:class:`fleetscope.server.api.models.IngestResponse`).
+    """
+    if "json" not in r.headers.get("content-type", ""):
+        return None
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or body.get("accepted") is not True:
+        return None
+    rows, dup = body.get("rows"), body.get("duplicate")
+    counts = list(rows.values()) if isinstance(rows, dict) else [rows]
+    if not isinstance(dup, bool) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+        return None
+    return body
+
+
+def _is_fleetscope_error(r: httpx.Response) -> bool:
+    """A 4xx from the fleetscope API: a JSON object with ``detail``."""
+    try:
+        body = r.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and "detail" in body
 
 
 def _detail(r: httpx.Response) -> str:

@@ -43,6 +43,7 @@ def create_dash_app(
     token: str | None = None,
     server: bool | object = True,
     mounted: bool = False,
+    credential: Callable[[], str | None] | None = None,
 ) -> dash.Dash:
     """Build the dashboard.
 
@@ -56,10 +57,12 @@ def create_dash_app(
         mounted: the WSGI app is mounted under ``url_base_pathname`` by an ASGI server
             that strips that prefix from the path (``SCRIPT_NAME``): routes are then
             served at ``/`` while the browser requests ``url_base_pathname``.
+        credential: per-request bearer token (the browser's own, when mounted in the
+            server); used instead of ``token`` when it returns one.
     """
     if refresh_s < 0:
         raise ValueError(f"refresh_s must be >= 0, got {refresh_s}")
-    client = ApiClient(api_base, token=token)
+    client = ApiClient(api_base, token=token, credential=credential)
     app = dash.Dash(
         __name__,
         server=server,

@@ -15,6 +15,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import httpx
 
 API_PREFIX = "/api/v1"
+INCIDENTS_PAGE = 100
+"""Incidents the dashboard asks for per refresh (the server pages in SQL)."""
 
 
 @dataclass(frozen=True)
@@ -66,10 +68,14 @@ class ApiClient:
     Args:
         api_base: server URL, with or without the ``/api/v1`` prefix.
         timeout_s: per-request timeout.
+        token: a fixed bearer token (the standalone dashboard's ``--token``).
+        credential: called per request for the bearer token to send (the browser's,
+            when mounted in the server); wins over ``token`` when it returns one.
     """
 
     def __init__(
-        self, api_base: str | Callable[[], str], timeout_s: float = 60.0, token: str | None = None
+        self, api_base: str | Callable[[], str], timeout_s: float = 60.0, token: str | None = None,
+        credential: Callable[[], str | None] | None = None,
     ) -> None:
         if callable(api_base):
             self._resolve: Callable[[], str] | None = api_base
@@ -78,6 +84,7 @@ class ApiClient:
             self._resolve = None
             self._fixed_base = normalize_api_base(api_base)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._credential = credential
         self._http = httpx.Client(timeout=timeout_s, headers=headers)
 
     @property
@@ -102,8 +109,13 @@ class ApiClient:
             base = self.api_base
         except ValueError as e:
             return ApiResult(error=str(e))
+        headers = None
+        if self._credential is not None:
+            given = self._credential()
+            if given:
+                headers = {"Authorization": f"Bearer {given}"}
         try:
-            resp = self._http.request(method, base + path, params=clean, json=json)
+            resp = self._http.request(method, base + path, params=clean, json=json, headers=headers)
         except httpx.HTTPError as e:
             return ApiResult(error=f"API unreachable at {base}: {type(e).__name__}")
         if resp.status_code >= 400:
@@ -169,6 +181,9 @@ class ApiClient:
         return self.get(f"/hosts/{_q(host)}/selfcheck", **params)
 
     def incidents(self, **params: Any) -> ApiResult:
+        """One bounded page of incidents, newest first (``limit`` defaults to
+        :data:`INCIDENTS_PAGE`; the answer's ``total`` counts every match)."""
+        params.setdefault("limit", INCIDENTS_PAGE)
         return self.get("/incidents", **params)
 
     def incident(self, incident_id: str | int) -> ApiResult:
@@ -186,7 +201,11 @@ class ApiClient:
     def create(self, path: str, body: Mapping[str, Any]) -> ApiResult:
         return self.request("POST", path, json=dict(body))
 
-    def delete(self, path: str) -> ApiResult:
+    def delete(self, path: str, item_id: str | int | None = None) -> ApiResult:
+        """DELETE ``path`` or, with ``item_id``, ``path/<item_id>`` (the id quoted as one
+        path segment: ``../rules/3`` cannot reach another resource)."""
+        if item_id is not None:
+            path = f"{path}/{_q(str(item_id))}"
         return self.request("DELETE", path)
 
 

@@ -4,6 +4,11 @@ The Dash app is a Flask (WSGI) app; it is wrapped with ``a2wsgi.WSGIMiddleware``
 replacement Starlette recommends for its deprecated ``starlette.middleware.wsgi``) and
 mounted on the FastAPI app. The dashboard still talks to the API over HTTP on loopback,
 like any other client: it never imports the server.
+
+Its REST calls carry the credential of the browser they serve (the ``Authorization``
+header, or the token cookie the server's ``/ui/login`` set): never a token of the
+server's own, so an unauthenticated browser gets nothing through the dashboard that
+it could not get from the API directly (the server's ``UiGate`` turns it away first).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import os
 from typing import Any
 from urllib.parse import urlsplit
 
-from fleetscope.config import API_PREFIX
+from fleetscope.config import API_PREFIX, UI_COOKIE
 
 UI_PATH = "/ui"
 REFRESH_ENV = "FLEETSCOPE_UI_REFRESH_S"
@@ -42,16 +47,13 @@ def mount_dashboard(app: Any, api_base: str, refresh_s: float | None = None, pat
             refresh_s = float(raw)
         except ValueError:
             raise ValueError(f"{REFRESH_ENV}={raw!r} is not a number of seconds") from None
-    settings = getattr(getattr(app, "state", None), "settings", None)
-    token = getattr(settings, "token", None)
-    if token is not None and hasattr(token, "get_secret_value"):
-        token = token.get_secret_value()
     base: Any = api_base
     parts = urlsplit(api_base)
     if parts.port == 0:
         base = _per_request_base(parts.scheme, parts.hostname or "127.0.0.1", parts.path or API_PREFIX)
     dash_app = create_dash_app(
-        base, url_base_pathname=path.rstrip("/") + "/", refresh_s=refresh_s, token=token, mounted=True
+        base, url_base_pathname=path.rstrip("/") + "/", refresh_s=refresh_s, mounted=True,
+        credential=browser_credential,
     )
     app.mount(path, WSGIMiddleware(dash_app.server))
     return dash_app
@@ -65,3 +67,15 @@ def _per_request_base(scheme: str, host: str, prefix: str):
         return f"{scheme}://{host}:{port}{prefix}"
 
     return resolve
+
+
+def browser_credential() -> str | None:
+    """The bearer token of the browser whose request is being served, if any."""
+    from flask import has_request_context, request
+
+    if not has_request_context():
+        return None
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and given.strip():
+        return given.strip()
+    return request.cookies.get(UI_COOKIE) or None

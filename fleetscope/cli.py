@@ -23,6 +23,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "fleetscope.kernels.cli",
     "fleetscope.demo",
     "fleetscope.sim.cli",
+    "fleetscope.server.tokens_cli",
 )
 
 DESCRIPTION = """\

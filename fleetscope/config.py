@@ -12,3 +12,7 @@ DEFAULT_DB_URL: Final = "sqlite:///./.fleetscope/control.db"
 DEFAULT_SPOOL_DIR: Final = "./.fleetscope/spool"
 API_PREFIX: Final = "/api/v1"
 ENV_PREFIX: Final = "FLEETSCOPE_"
+
+UI_COOKIE: Final = "fleetscope_ui"
+"""Cookie the server's /ui login sets (HttpOnly, SameSite=Strict) and the mounted
+dashboard forwards as the browser's bearer token."""

@@ -7,7 +7,8 @@ writer and then every service factory in :data:`fleetscope.server.services.SERVI
 Routes are found, not listed: every module in ``fleetscope.server.api.routes`` that
 defines ``router`` (an ``APIRouter``) is included under ``/api/v1``; one that also
 defines ``root_router`` gets it included at ``/`` (health checks). A module with
-``PUBLIC = True`` is exempt from the optional bearer token.
+``PUBLIC = True`` is exempt from authentication; every other route needs the scope
+:func:`fleetscope.server.api.deps.needed_scope` names (ingest / read / admin).
 """
 
 from __future__ import annotations
@@ -63,7 +64,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _local_docs(app)
     if settings.ui:
         _mount_ui(app, settings)
+    _add_guards(app, settings)
     return app
+
+
+def _add_guards(app: FastAPI, settings: Settings) -> None:
+    """Host/Origin checks for every request (see :mod:`fleetscope.server.api.guards`)."""
+    from fleetscope.server.api.guards import HostOriginGuard, allowed_hosts
+
+    app.add_middleware(HostOriginGuard, hosts=allowed_hosts(settings.allowed_hosts, settings.host),
+                       explicit=bool(settings.allowed_hosts.strip()))
 
 
 def include_routes(app: FastAPI) -> list[Any]:
@@ -73,12 +83,12 @@ def include_routes(app: FastAPI) -> list[Any]:
     raw, e.g. the ingest formats) for :func:`_document_models`.
     """
     from fleetscope.server.api import routes
-    from fleetscope.server.api.deps import require_token
+    from fleetscope.server.api.deps import require_scope
 
     models: list[Any] = []
     for info in sorted(pkgutil.iter_modules(routes.__path__), key=lambda i: i.name):
         module = importlib.import_module(f"{routes.__name__}.{info.name}")
-        deps = [] if getattr(module, "PUBLIC", False) else [Depends(require_token)]
+        deps = [] if getattr(module, "PUBLIC", False) else [Depends(require_scope(info.name))]
         router = getattr(module, "router", None)
         if router is not None:
             app.include_router(router, prefix=API_PREFIX, dependencies=deps)
@@ -208,8 +218,13 @@ def _mount_ui(app: FastAPI, settings: Settings) -> None:
         from fleetscope.dashboard.mount import mount_dashboard  # type: ignore[import-not-found]
     except ImportError:
         return
+    from fleetscope.server.api.deps import authority
+    from fleetscope.server.api.guards import UiGate
+
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     mount_dashboard(app, f"http://{host}:{settings.port}{API_PREFIX}")
+    # the dashboard behind the API's authentication (login page, HttpOnly cookie)
+    app.add_middleware(UiGate, path="/ui", authority=lambda: authority(app))
 
 
 async def _startup(app: FastAPI, settings: Settings) -> None:

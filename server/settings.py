@@ -36,7 +36,13 @@ class Settings(BaseSettings):
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     """TCP port (0: any free port)."""
     token: SecretStr | None = None
-    """Static bearer token required on every /api/v1 route except health, if set."""
+    """Static bearer token (admin scope) required on every /api/v1 route except health, if
+    set; scoped tokens (``fleetscope token create``) turn authentication on as well."""
+    token_cache_s: float = Field(2.0, ge=0, le=300)
+    """Seconds a token look-up is cached (a revoked token stops working within this)."""
+    allowed_hosts: str = ""
+    """Host names clients may use (the ``Host`` header; comma-separated, ``*``: any), a
+    guard against DNS rebinding. '' = the loopback names when bound to loopback, else any."""
     allow_unauthenticated_remote: bool = False
     """Permit binding a non-loopback interface without a token (e.g. behind a trusted proxy)."""
     ui: bool = True

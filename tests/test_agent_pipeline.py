@@ -82,7 +82,7 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     dup = key in s.stored
                     s.stored.setdefault(key, rows)
-                    status, doc = 200, {"duplicate": dup}
+                    status, doc = 200, {"accepted": True, "rows": {"steps": len(rows)}, "duplicate": dup}
         finally:
             with s.cond:
                 s.active -= 1

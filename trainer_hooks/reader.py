@@ -18,7 +18,7 @@ def read_job(spool_dir: str | os.PathLike, job: str) -> dict[str, list[dict[str,
     corrupt stretches are skipped, as the agent would.
     """
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for rank_dir in sorted(Path(spool_dir, job).glob("rank-*")):
+    for rank_dir in sorted(Path(spool_dir, spool.job_dirname(job)).glob("rank-*")):
         for seg in spool.list_segments(rank_dir):
             for frame in spool.read_frames(seg, sealed=True):
                 if frame.payload is None:

@@ -17,6 +17,21 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from fleetscope.dashboard import palette
 
+_PLAIN = str.maketrans({"&": "&#38;", "<": "&#60;", ">": "&#62;"})
+
+
+def plain(value: Any) -> str:
+    """``value`` as text that plotly shows literally.
+
+    Plotly renders its strings (bar text, hover text, trace names, tick and annotation
+    text) as pseudo-HTML: ``<a href=...>`` becomes a link, ``<b>``/``<br>`` markup.
+    Span names, op names, host names and log lines come from the telemetry, so they go
+    through here: ``&``, ``<`` and ``>`` become numeric entities, which plotly decodes
+    only inside text, after it has parsed the tags.
+    """
+    return str(value).translate(_PLAIN)
+
+
 TEMPLATE = "plotly_white"
 pio.templates.default = TEMPLATE
 
@@ -102,7 +117,7 @@ def message_figure(text: str, state: str = "empty", height: int = 220) -> go.Fig
     """
     color = {"error": palette.VERMILLION, "unavailable": palette.GREY}.get(state, "#57606a")
     prefix = {"error": "Error: ", "unavailable": "Not available: "}.get(state, "")
-    note = dict(text=prefix + text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+    note = dict(text=prefix + plain(text), x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
                 font=dict(size=14, color=color))  # fmt: skip
     # One constructor call: plotly validates the layout once, not once per update.
     return go.Figure(layout=dict(

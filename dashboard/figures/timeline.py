@@ -12,7 +12,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 from fleetscope.dashboard import palette
-from fleetscope.dashboard.figures.common import base_layout, message_figure
+from fleetscope.dashboard.figures.common import base_layout, message_figure, plain
 
 MAX_ARROWS = 300
 LANE_KINDS = ("compute", "comm")
@@ -24,14 +24,15 @@ def lane_index(rank_pos: int, lane: str) -> int:
 
 
 def span_label(span: dict[str, Any]) -> str:
-    """Short in-bar label: ``F3``/``B3`` for micro-batch sections, op name otherwise."""
-    name = span.get("name", "")
+    """Short in-bar label: ``F3``/``B3`` for micro-batch sections, op name otherwise
+    (escaped: plotly would render markup in a span or op name)."""
+    name = str(span.get("name", ""))
     mb = span.get("mb", -1)
     if name in ("forward", "backward") and mb is not None and mb >= 0:
         return f"{name[0].upper()}{mb}"
     if span.get("cat") in ("collective", "p2p"):
-        return str(span.get("op", name))
-    return name[:3]
+        return plain(span.get("op", name))
+    return plain(name[:3])
 
 
 def build_timeline(data: dict[str, Any], height: int | None = None) -> go.Figure:
@@ -79,7 +80,7 @@ def build_timeline(data: dict[str, Any], height: int | None = None) -> go.Figure
                 y=tr["y"],
                 orientation="h",
                 width=0.8,
-                name=key,
+                name=plain(key),
                 text=tr["text"],
                 textposition="inside",
                 insidetextanchor="middle",
@@ -94,7 +95,7 @@ def build_timeline(data: dict[str, Any], height: int | None = None) -> go.Figure
     _arrows(fig, data.get("links") or [], pos, t0)
     tickvals = [lane_index(i, k) for i in range(len(lanes)) for k in LANE_KINDS]
     ticktext = [
-        f"{lanes[i].get('label') or 'r' + str(lanes[i]['rank'])} · {k}"
+        f"{plain(lanes[i].get('label') or 'r' + str(lanes[i]['rank']))} · {k}"
         for i in range(len(lanes))
         for k in LANE_KINDS
     ]
@@ -118,17 +119,17 @@ def build_timeline(data: dict[str, Any], height: int | None = None) -> go.Figure
 
 
 def _hover(s: dict[str, Any], start_ms: float, dur_ms: float) -> str:
-    head = f"rank {s['rank']} · step {s.get('step')}"
+    head = f"rank {plain(s['rank'])} · step {plain(s.get('step'))}"
     if s.get("mb", -1) is not None and s.get("mb", -1) >= 0:
-        head += f" · micro-batch {s['mb']}"
+        head += f" · micro-batch {plain(s['mb'])}"
     if s.get("cat") in ("collective", "p2p"):
-        body = f"{s.get('op')} on {s.get('group_id')} seq {s.get('seq')}"
+        body = f"{plain(s.get('op'))} on {plain(s.get('group_id'))} seq {plain(s.get('seq'))}"
         if s.get("peer", -1) not in (None, -1):
-            body += f" peer r{s['peer']}"
+            body += f" peer r{plain(s['peer'])}"
         if s.get("state") and s.get("state") != "completed":
-            body += f" · {s['state']}"
+            body += f" · {plain(s['state'])}"
     else:
-        body = f"{s.get('name')} ({s.get('kind')})"
+        body = f"{plain(s.get('name'))} ({plain(s.get('kind'))})"
     return f"{head}<br>{body}<br>start {start_ms:.2f} ms · {dur_ms:.2f} ms"
 
 

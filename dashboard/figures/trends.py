@@ -7,7 +7,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 from fleetscope.dashboard import palette
-from fleetscope.dashboard.figures.common import base_layout, message_figure
+from fleetscope.dashboard.figures.common import base_layout, message_figure, plain
 from plotly.subplots import make_subplots
 
 
@@ -59,7 +59,7 @@ def build_hardware(data: dict[str, Any], height: int = 320) -> go.Figure:
         )
     t0 = int(data.get("t0_ns") or 0)
     names = sorted({s["name"] for s in series}) or ["events"]
-    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=names, vertical_spacing=0.08)
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=[plain(n) for n in names], vertical_spacing=0.08)
     colors = [palette.BLUE, palette.ORANGE, palette.GREEN, palette.PURPLE, palette.SKY_BLUE, palette.VERMILLION]
     per_device: dict[str, int] = defaultdict(int)
     for s in series:
@@ -72,7 +72,7 @@ def build_hardware(data: dict[str, Any], height: int = 320) -> go.Figure:
                 y=s["value"],
                 mode="lines+markers",
                 marker=dict(size=4),
-                name=f"{s['device'] or 'host'} {s['name']}",
+                name=plain(f"{s['device'] or 'host'} {s['name']}"),
                 line=dict(color=color),
             ),
             row=row,
@@ -90,7 +90,7 @@ def build_hardware(data: dict[str, Any], height: int = 320) -> go.Figure:
                 y=[None] * min(len(events), 100),
                 mode="markers",
                 name="log events",
-                hovertext=[f"{e.get('kind')}: {e.get('message', '')[:120]}" for e in events[:100]],
+                hovertext=[plain(f"{e.get('kind')}: {e.get('message', '')[:120]}") for e in events[:100]],
                 showlegend=False,
             ),
             row=1,

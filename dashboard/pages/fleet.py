@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import dash
 from dash import Input, Output, dcc, html
 from fleetscope.dashboard.client import ApiClient, items_of
@@ -58,7 +60,7 @@ def register(app: dash.Dash, client: ApiClient) -> None:
             rate = detail.get("steps_per_s")
             rows.append(
                 [
-                    html.Div([dcc.Link(j["id"], href=app.get_relative_path(f"/jobs/{j['id']}"),
+                    html.Div([dcc.Link(j["id"], href=app.get_relative_path("/jobs/" + quote(str(j["id"]), safe="")),
                                        id={"type": "job-link", "job": j["id"]}),
                               html.Div(j.get("name") or "", className="fs-msg", style={"padding": 0})]),
                     state_badge(j.get("status", "?")),
@@ -83,7 +85,7 @@ def register(app: dash.Dash, client: ApiClient) -> None:
             ["severity", "job", "what", "ranks"],
             [
                 [severity_badge(i.get("severity", "")), i.get("job", ""),
-                 dcc.Link(i.get("summary", i.get("kind", "")), href=app.get_relative_path(f"/incidents/{i.get('id')}")),
+                 dcc.Link(i.get("summary", i.get("kind", "")), href=app.get_relative_path("/incidents/" + quote(str(i.get("id")), safe=""))),
                  ", ".join(str(r) for r in (i.get("ranks") or [])[:8])]
                 for i in items[:50]
             ],

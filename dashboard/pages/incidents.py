@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime, timezone
+from urllib.parse import quote
 
 import dash
 from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
@@ -27,6 +28,11 @@ def _when(ns: int | None) -> str:
     if not ns:
         return "-"
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _seg(v) -> str:
+    """One URL path segment (a job id with ``/``, ``?`` or ``#`` stays one segment)."""
+    return quote(str(v if v is not None else ""), safe="")
 
 
 def _ranks(v) -> list:
@@ -162,10 +168,10 @@ def register(app: dash.Dash, client: ApiClient) -> None:
             return message(f"no {status if status != 'all' else ''} incidents".replace("  ", " ")), sig
         rows = [
             [
-                dcc.Link(f"#{i.get('id')}", href=app.get_relative_path(f"/incidents/{i.get('id')}")),
+                dcc.Link(f"#{i.get('id')}", href=app.get_relative_path(f"/incidents/{_seg(i.get('id'))}")),
                 severity_badge(i.get("severity", "")),
                 state_badge(i.get("status", "open")),
-                dcc.Link(i.get("job", ""), href=app.get_relative_path(f"/jobs/{i.get('job', '')}")),
+                dcc.Link(i.get("job", ""), href=app.get_relative_path(f"/jobs/{_seg(i.get('job', ''))}")),
                 i.get("kind", ""),
                 i.get("summary", "")[:140],
                 ", ".join(str(r) for r in _ranks(i.get("ranks"))[:8]),
@@ -174,8 +180,12 @@ def register(app: dash.Dash, client: ApiClient) -> None:
             ]
             for i in items[:200]
         ]
-        return table(["id", "severity", "status", "job", "kind", "summary", "ranks", "opened", ""], rows,
-                     id="incident-table"), sig
+        shown = table(["id", "severity", "status", "job", "kind", "summary", "ranks", "opened", ""], rows,
+                      id="incident-table")
+        total = res.data.get("total", len(items)) if isinstance(res.data, dict) else len(items)
+        if isinstance(total, int) and total > len(rows):
+            shown = html.Div([shown, message(f"newest {len(rows)} of {total} shown")])
+        return shown, sig
 
     @app.callback(
         Output("incident-detail", "children"),
@@ -203,7 +213,7 @@ def register(app: dash.Dash, client: ApiClient) -> None:
                 ev = json.loads(ev)
             except ValueError:
                 pass
-        job_href = f"/jobs/{i.get('job', '')}" + (f"?rank={ranks[0]}" if ranks else "")
+        job_href = f"/jobs/{_seg(i.get('job', ''))}" + (f"?rank={ranks[0]}" if ranks else "")
         return html.Div(
             [
                 html.H3([severity_badge(i.get("severity", "")), state_badge(i.get("status", "open")),
@@ -254,7 +264,7 @@ def _register_crud(app: dash.Dash, client: ApiClient, kind: str, path: str, key:
     def listing(_n, _created, deletes):
         trig = ctx.triggered_id
         if isinstance(trig, dict) and any(deletes or []):
-            client.delete(f"{path}/{trig['id']}")
+            client.delete(path, trig["id"])  # the id quoted as one path segment
         res = client.get(path)
         if not res.ok:
             return result_message(res, f"{kind}s")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from fleetscope.server.api.deps import optional_principal
 
 PUBLIC = True  # never behind the bearer token: load balancers probe these
 
@@ -17,11 +18,18 @@ async def healthz() -> dict[str, str]:
 
 
 async def readyz(request: Request) -> JSONResponse:
-    """200 once the store, the database and the collector are up; 503 before."""
+    """200 once the store, the database and the collector are up; 503 before.
+
+    The store (host, user, database), queue and ingest figures are shown only to a
+    caller with a read or admin token (or to anyone when authentication is off)."""
     state = request.app.state
     if not getattr(state, "ready", False):
         return JSONResponse({"status": "starting"}, status_code=503)
     collector = state.collector
+    p = optional_principal(request)
+    if p is None or p.scope not in ("read", "admin"):
+        # unauthenticated (or an ingest token): up or not, nothing about the deployment
+        return JSONResponse({"status": "ready"})
     return JSONResponse(
         {
             "status": "ready",

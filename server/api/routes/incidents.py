@@ -10,7 +10,7 @@ from fleetscope.server.alerts.outbox import enqueue_incident, public_error
 from fleetscope.server.api.deps import SessionDep
 from fleetscope.server.db.diagnosis_models import AlertOutbox, Incident
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
+from sqlalchemy import func, or_, select
 
 router = APIRouter(tags=["incidents"])
 STATUSES = ("open", "acknowledged", "resolved")
@@ -80,21 +80,27 @@ def list_incidents(
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> dict:
-    """Incidents, newest first."""
-    q = select(Incident)
+    """Incidents, newest first: one page of at most ``limit`` rows (``total`` counts all
+    that match). Filtering, counting and paging run in SQL on an index, so the cost of
+    a request does not grow with the incidents kept."""
+    conds = []
     if job:
-        q = q.where(Incident.job == job)
+        conds.append(Incident.job == job)
     if status:
         if status not in (*STATUSES, "active"):
             raise HTTPException(422, detail=f"status {status!r}: expected one of {[*STATUSES, 'active']}")
-        q = q.where(Incident.status.in_(("open", "acknowledged")) if status == "active" else Incident.status == status)
+        conds.append(Incident.status.in_(("open", "acknowledged")) if status == "active"
+                     else Incident.status == status)
     if kind:
-        q = q.where(Incident.kind == kind)
-    rows = list(session.scalars(q.order_by(Incident.opened_ns.desc(), Incident.id.desc())))
-    if rank is not None:
-        rows = [r for r in rows if rank in r.to_dict()["ranks"]]
-    return {"total": len(rows), "offset": offset, "limit": limit,
-            "items": [r.to_dict() for r in rows[offset:offset + limit]]}
+        conds.append(Incident.kind == kind)
+    if rank is not None:  # ranks is a JSON list in text: match the element, not a digit run
+        conds.append(or_(*(Incident.ranks.like(p) for sep in (",", ", ")
+                           for p in (f"[{rank}]", f"[{rank}{sep}%", f"%{sep}{rank}{sep}%", f"%{sep}{rank}]"))))
+    total = session.scalar(select(func.count()).select_from(Incident).where(*conds)) or 0
+    q = (select(Incident).where(*conds).order_by(Incident.opened_ns.desc(), Incident.id.desc())
+         .offset(offset).limit(limit))
+    return {"total": total, "offset": offset, "limit": limit,
+            "items": [r.to_dict() for r in session.scalars(q)]}
 
 
 def _get(session: Any, incident_id: int) -> Incident:
