@@ -31,12 +31,13 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from fleetscope.topology import Topology
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
     parallelize_module,
 )
+
+from fleetscope.topology import Topology
 
 
 class Block(nn.Module):

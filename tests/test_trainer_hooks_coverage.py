@@ -13,7 +13,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 import pandas as pd
 import pytest

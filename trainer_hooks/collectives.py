@@ -294,8 +294,9 @@ def _track_async(rec: Recorder, op: Op, work: Any) -> None:
     op.work, op.key = work, next(_keys)
     if len(rec.pending_async) < rec.config.max_pending:
         rec.pending_async[op.key] = op
-    else:
+    else:  # bounded: recorded as started, its end not tracked
         rec.dropped += 1
+        rec.enqueue_op(("C", op))
 
 
 def _describe(rec: Recorder, name: str, spec: tuple, args: tuple,
@@ -397,7 +398,11 @@ def traced(name: str, fn: Any) -> Any:
             return fn(*args, **kwargs)
         if rec.level < FULL:  # runtime control: numbered (so seq stays aligned), not traced
             rec.overhead_ns += perf_ns() - t_in
-            return fn(*args, **kwargs)
+            rec.suppress += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                rec.suppress -= 1
         is_async = always_async or (async_key != "" and bool(
             args[async_at] if len(args) > async_at else kwargs.get(async_key, False)))
         step, mb, cuda = rec.step, rec.microbatch, rec.cuda

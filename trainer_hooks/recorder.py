@@ -219,6 +219,7 @@ class Recorder:
         if self.cuda is not None:
             self._guard(self.cuda.bind_thread)
             self._guard(self.cuda.reanchor)
+        self._guard(self._poll_control)  # a rank started while its job is "off" starts off
         # (period, task, drain first) on one timeline; equal periods share a wake-up. The
         # in-flight row and the flush come after the rows of everything the trainer
         # finished before them (the server's progress certificate relies on that).

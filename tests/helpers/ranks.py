@@ -35,7 +35,6 @@ def run_ranks(target: str, world: int, tmp_path: Path, timeout_s: float = 120,
                     PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                     **(env or {}))
     for rank in range(world):
-        out = tmp_path / f"result-{rank}.json"
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "tests.helpers.ranks", target, str(rank), str(world),
              str(tmp_path), *(args or [])],
