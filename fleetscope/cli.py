@@ -22,6 +22,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "fleetscope.dashboard.cli",
     "fleetscope.kernels.cli",
     "fleetscope.demo",
+    "fleetscope.server.control_cli",
+    "fleetscope.server.importers.cli",
 )
 
 DESCRIPTION = """\

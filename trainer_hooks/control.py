@@ -22,51 +22,22 @@ gap in the data is explained by the level rather than taken for a hang.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Any
 
-OFF, STEPS, SECTIONS, FULL = 0, 1, 2, 3
-LEVELS: tuple[str, ...] = ("off", "steps", "sections", "full")
-"""Level names by index."""
-CONTROL_FILE = "control.json"
-MAX_CONTROL_BYTES = 1 << 20
-
-
-def level_index(name: str) -> int:
-    """The index of a level name; ``ValueError`` naming the allowed values otherwise."""
-    try:
-        return LEVELS.index(str(name))
-    except ValueError:
-        raise ValueError(f"level {name!r} is not one of {', '.join(LEVELS)}") from None
-
-
-def control_path(spool: str | os.PathLike, job: str) -> Path:
-    """Where the agent writes a job's control file."""
-    return Path(spool) / job / CONTROL_FILE
-
-
-def level_for_rank(doc: dict[str, Any], rank: int) -> int | None:
-    """The level a control document sets for ``rank`` (``None``: it sets none).
-
-    The document is ``{"level": name, "ranks": {"<rank>": name, ...}}``; a rank listed
-    under ``ranks`` takes its own level, every other rank the job-wide one.
-    """
-    per_rank = doc.get("ranks") or {}
-    name = per_rank.get(str(rank), doc.get("level")) if isinstance(per_rank, dict) else doc.get("level")
-    if name is None:
-        return None
-    return level_index(name)
-
-
-def write_control(path: str | os.PathLike, doc: dict[str, Any]) -> None:
-    """Write a control file atomically (temp file + rename), as the agent does."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, sort_keys=True))
-    os.replace(tmp, path)
+from fleetscope.control import (  # noqa: F401  (re-exported for the hooks' users)
+    CONTROL_FILE,
+    FULL,
+    LEVELS,
+    OFF,
+    SECTIONS,
+    STEPS,
+    control_path,
+    level_for_rank,
+    level_index,
+    read_control,
+    write_control,
+)
 
 
 class ControlFile:
@@ -90,12 +61,7 @@ class ControlFile:
             return None
         self._seen = key
         try:
-            if st.st_size > MAX_CONTROL_BYTES:
-                raise ValueError(f"control file over {MAX_CONTROL_BYTES} bytes")
-            doc = json.loads(self.path.read_text())
-            if not isinstance(doc, dict):
-                raise ValueError("control file is not a JSON object")
-            return level_for_rank(doc, rank)
+            return level_for_rank(read_control(self.path), rank)
         except (OSError, ValueError):
             self.errors += 1
             return None

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_ranks(target: str, world: int, tmp_path: Path, timeout_s: float = 120,
               env: dict[str, str] | None = None, args: list[str] | None = None) -> list[Any]:
-    """Start ``world`` processes running ``module:function``; their results by rank."""
+    """Start ``world`` processes running ``module:function``; their results by rank
+    (``None`` for a rank that exited 0 without returning, e.g. by ``os._exit``)."""
     port = free_port()
     procs = []
     full_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -50,7 +51,8 @@ def run_ranks(target: str, world: int, tmp_path: Path, timeout_s: float = 120,
                 p.wait()
     for rank, p in enumerate(procs):
         assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{logs[rank][-4000:]}"
-    return [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in range(world)]
+    paths = [tmp_path / f"result-{r}.json" for r in range(world)]
+    return [json.loads(p.read_text()) if p.exists() else None for p in paths]
 
 
 def _main() -> None:
