@@ -72,6 +72,9 @@ class AgentConfig:
     """Cap on ``<state>/rejected/`` (frames the server refused); oldest deleted beyond it."""
     dead_writer_grace_s: float = 5.0
     """A segment whose writer process is gone and that has not changed this long is sealed."""
+    control_poll_s: float = 2.0
+    """How often the jobs' instrumentation levels are fetched from the server (runtime
+    control; the hooks apply a change within their 0.5 s poll, so within ~2.5 s)."""
 
     def __post_init__(self) -> None:
         self.spool = Path(self.spool)
@@ -90,7 +93,8 @@ class AgentConfig:
         for name in ("batch_bytes", "in_flight", "rejected_max_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("batch_delay_s", "poll_s", "heartbeat_s", "metrics_interval_s"):
+        for name in ("batch_delay_s", "poll_s", "heartbeat_s", "metrics_interval_s",
+                     "control_poll_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 

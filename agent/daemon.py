@@ -17,6 +17,7 @@ from typing import Any
 
 from fleetscope.agent.clock import ClockSync
 from fleetscope.agent.config import AgentConfig
+from fleetscope.agent.control import ControlPoller
 from fleetscope.agent.heartbeats import Heartbeats
 from fleetscope.agent.hostmetrics import HOST_METRICS, HostSampler
 from fleetscope.agent.logscan import LogScanner, LogScanThread
@@ -98,6 +99,8 @@ class Agent:
             self.heartbeats,
             LogScanThread(self.scanner, self.stop_event),
             threading.Thread(target=self._clock_loop, name="fleetscope-clock", daemon=True),
+            ControlPoller(self.transport.client, cfg.spool, self.stop_event, cfg.control_poll_s,
+                          cfg.job),
         ]
         if self.gpu is not None:
             self.threads.append(XidWatcher(self.gpu, self._on_xid, self.stop_event))

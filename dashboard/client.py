@@ -139,6 +139,9 @@ class ApiClient:
     def job(self, job: str) -> ApiResult:
         return self.get(f"/jobs/{_q(job)}")
 
+    def instrumentation(self, job: str) -> ApiResult:
+        return self.get(f"/jobs/{_q(job)}/instrumentation")
+
     # ---- views (this component's server routes) ------------------------------------
     def heatmap(self, job: str, **params: Any) -> ApiResult:
         return self.get(f"/jobs/{_q(job)}/heatmap", **params)

@@ -24,6 +24,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "fleetscope.demo",
     "fleetscope.sim.cli",
     "fleetscope.server.tokens_cli",
+    "fleetscope.server.control_cli",
+    "fleetscope.server.importers.cli",
 )
 
 DESCRIPTION = """\

@@ -24,6 +24,7 @@ import os
 from typing import Any
 
 from fleetscope.trainer_hooks import collectives, state
+from fleetscope.trainer_hooks.control import LEVELS, SECTIONS, STEPS, control_path, level_index
 from fleetscope.trainer_hooks.recorder import SECTION_KINDS, HookConfig, Recorder, perf_ns
 from fleetscope.trainer_hooks.sinks import MemorySink, Sink, SpoolSink
 
@@ -31,7 +32,8 @@ from fleetscope.topology import Coords, Topology
 
 __all__ = [
     "HookConfig", "MemorySink", "Recorder", "Sink", "SpoolSink", "emit", "enabled", "init",
-    "register_group", "section", "shutdown", "stats", "step", "step_info", "traced_op",
+    "register_group", "section", "set_level", "shutdown", "stats", "step", "step_info",
+    "traced_op", "LEVELS",
 ]
 
 _atexit_registered = False
@@ -41,7 +43,8 @@ def init(job: str, rank: int, coords: Coords | dict | None = None, sink: Sink | 
          *, topology: Topology | None = None, spool: str | os.PathLike | None = None,
          host: str | None = None, attempt: int = 0, local_rank: int | None = None,
          device: Any = None, trace_collectives: bool = True,
-         config: HookConfig | None = None) -> Recorder:
+         config: HookConfig | None = None, control: str | os.PathLike | None = None,
+         level: str = "full") -> Recorder:
     """Start recording for this process (one rank).
 
     Args:
@@ -56,8 +59,13 @@ def init(job: str, rank: int, coords: Coords | dict | None = None, sink: Sink | 
         attempt: Restart attempt of the job.
         local_rank: Rank on this host (default: ``rank``).
         device: ``torch.device`` the rank computes on; CUDA devices get CUDA-event timing.
-        trace_collectives: Wrap ``torch.distributed`` ops for tracing.
+        trace_collectives: Trace ``torch.distributed`` ops: the c10d functions, the
+            ``ProcessGroup`` methods below them, and functional collectives (DTensor,
+            FSDP2, coalesced ops and ``batch_isend_irecv`` included).
         config: Queue size and background intervals.
+        control: Runtime-control file (:mod:`.control`); default
+            ``<spool>/<job>/control.json`` with the default spool sink, none otherwise.
+        level: Instrumentation level to start at (off | steps | sections | full).
 
     Returns:
         The active recorder (for :func:`stats` and tests).
@@ -71,19 +79,61 @@ def init(job: str, rank: int, coords: Coords | dict | None = None, sink: Sink | 
         from fleetscope.config import DEFAULT_SPOOL_DIR
 
         sink = SpoolSink(spool or os.environ.get("FLEETSCOPE_SPOOL") or DEFAULT_SPOOL_DIR)
+    if control is None and isinstance(sink, SpoolSink):
+        control = control_path(sink.root, str(job))
     rec = Recorder(job, rank, sink, topology=topology, coords=coords, host=host,
-                   attempt=attempt, local_rank=local_rank, device=device, config=config)
+                   attempt=attempt, local_rank=local_rank, device=device, config=config,
+                   control=control, level=level_index(level))
     rec.start()
     if trace_collectives:
-        try:
-            collectives.install()
-        except ImportError:
-            pass  # no torch.distributed: sections only
+        install_tracing()
     state.recorder = rec
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
     return rec
+
+
+def install_tracing() -> list[str]:
+    """Install every collective-tracing layer this torch has (idempotent)."""
+    done: list[str] = []
+    try:
+        done += collectives.install()
+        from fleetscope.trainer_hooks import pg_tracing
+
+        done += pg_tracing.install()
+    except ImportError:
+        return done  # no torch.distributed: sections only
+    try:
+        from fleetscope.trainer_hooks import functional
+
+        done += functional.install()
+    except (ImportError, AttributeError, RuntimeError):
+        pass  # a torch without functional collectives
+    return done
+
+
+def uninstall_tracing() -> None:
+    """Undo :func:`install_tracing`."""
+    import sys
+
+    for name in ("collectives", "pg_tracing", "functional"):
+        module = sys.modules.get(f"fleetscope.trainer_hooks.{name}")
+        if module is not None:
+            module.uninstall()
+
+
+def set_level(level: str) -> None:
+    """Set the instrumentation level in-process (off | steps | sections | full).
+
+    The runtime-control file sets it from outside (see :mod:`.control`); this is the
+    same switch for code that wants it directly.
+    """
+    rec = state.recorder
+    index = level_index(level)
+    if rec is not None and rec.level != index:
+        rec.level = index
+        rec._level_changed = True
 
 
 def shutdown(timeout_s: float = 5.0, complete_step: bool = True) -> None:
@@ -119,6 +169,9 @@ class _Section:
     def __enter__(self) -> _Section:
         rec = self.rec
         if rec is None:
+            return self
+        if rec.level < SECTIONS:  # runtime control: this section is not recorded
+            self.rec = None
             return self
         t_in = perf_ns()
         self.prev_mb = prev = rec.microbatch
@@ -175,7 +228,7 @@ def section(name: str, microbatch: int = -1, kind: str | None = None) -> _Sectio
         kind: compute | dataloader | optimizer | other; derived from ``name`` if omitted.
     """
     rec = state.recorder
-    if rec is None:  # disabled: a shared, stateless no-op (no allocation)
+    if rec is None or rec.level < SECTIONS:  # disabled: a shared, stateless no-op
         key = (name, microbatch, kind)
         null = _NULLS.get(key)
         if null is None:
@@ -213,6 +266,10 @@ def step(n: int, **info: Any) -> _StepScope:
     """
     rec = state.recorder
     if rec is not None:
+        if rec.level < STEPS:  # runtime control: keep the step number, record nothing
+            rec.step_open = None
+            rec.step = int(n)
+            return _STEP_SCOPE
         rec.begin_step(n, perf_ns())
         if info:
             rec.step_info.update(info)

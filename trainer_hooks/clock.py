@@ -41,18 +41,37 @@ class CudaTimer:
     seconds keeps the float32 milliseconds of ``cudaEventElapsedTime`` precise.
     """
 
-    def __init__(self, torch_module: Any, device: Any) -> None:
+    def __init__(self, torch_module: Any, device: Any, max_errors: int = 1) -> None:
         self._torch = torch_module
         self.device = device
+        self.errors = 0
+        """CUDA errors raised by event creation/recording (never passed on)."""
+        self.max_errors = max(1, int(max_errors))
+        self.disabled = False
+        """Set after ``max_errors`` errors: :meth:`event` returns ``None`` (CPU timing)."""
         self._side: Any = None
         self._anchor: Any = None
         self._anchor_ns = 0
 
     def event(self) -> Any:
-        """Record a timing event on the current stream (training thread; no sync)."""
-        ev = self._torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
+        """Record a timing event on the current stream (training thread; no sync).
+
+        Never raises: a CUDA error (device lost, out of memory, a sticky error from the
+        trainer's own kernels) is counted and gives ``None``, which every caller treats
+        as "no device timing" (the record keeps its CPU times); after ``max_errors``
+        errors no more events are attempted.
+        """
+        if self.disabled:
+            return None
+        try:
+            ev = self._torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        except Exception:
+            self.errors += 1
+            if self.errors >= self.max_errors:
+                self.disabled = True
+            return None
 
     @property
     def anchored(self) -> bool:

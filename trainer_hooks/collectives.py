@@ -20,6 +20,7 @@ import itertools
 from typing import Any
 
 from fleetscope.trainer_hooks import state
+from fleetscope.trainer_hooks.control import FULL
 from fleetscope.trainer_hooks.recorder import Recorder, perf_ns
 
 # op name -> (kind, input arg (index, name), group arg, async arg or None/True, peer arg)
@@ -190,14 +191,24 @@ def finish(rec: Recorder, op: Op, failed: bool = False) -> None:
     rec.enqueue_op(("C", op))
 
 
-class TracedWork:
+def _work_base() -> Any:
+    """``torch.distributed.Work``: FSDP2 and c10d test ``isinstance(work, Work)``, and C++
+    (``_register_work``, coalescing) accepts only real ``Work`` objects, so the proxy
+    below subclasses it (c10d's Python trampoline routes C++ calls back to it)."""
+    try:
+        from torch._C._distributed_c10d import Work
+    except ImportError:  # no torch.distributed build
+        return object
+    return Work
+
+
+class TracedWork(_work_base()):  # type: ignore[misc]
     """Proxy for an async ``Work`` that records completion when it is waited on (or
     found completed by ``is_completed()``); the background thread polls only the ones
-    nobody asks about."""
-
-    __slots__ = ("_work", "_rec", "_ops")
+    nobody asks about. A real ``Work`` subclass (see :func:`_work_base`)."""
 
     def __init__(self, work: Any, rec: Recorder, ops: list[Op]) -> None:
+        super().__init__()
         self._work, self._rec, self._ops = work, rec, ops
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
@@ -236,7 +247,43 @@ class TracedWork:
         self._ops = ()
         rec.overhead_ns += perf_ns() - t1
 
+    # ``Work``'s own methods would answer for the empty base object: delegate them.
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def exception(self) -> Any:
+        return self._work.exception()
+
+    def source_rank(self) -> int:
+        return self._work.source_rank()
+
+    def _source_rank(self) -> int:
+        return self._work._source_rank()
+
+    def result(self) -> Any:
+        return self._work.result()
+
+    def synchronize(self) -> Any:
+        return self._work.synchronize()
+
+    def get_future(self) -> Any:
+        return self._work.get_future()
+
+    def get_future_result(self) -> Any:
+        return self._work.get_future_result()
+
+    def block_current_stream(self) -> Any:
+        return self._work.block_current_stream()
+
+    def _get_duration(self) -> float:
+        return self._work._get_duration()
+
+    def _get_op_type(self) -> Any:
+        return self._work._get_op_type()
+
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_work") or name in ("_rec", "_ops"):
+            raise AttributeError(name)
         return getattr(self._work, name)
 
 
@@ -247,8 +294,9 @@ def _track_async(rec: Recorder, op: Op, work: Any) -> None:
     op.work, op.key = work, next(_keys)
     if len(rec.pending_async) < rec.config.max_pending:
         rec.pending_async[op.key] = op
-    else:
+    else:  # bounded: recorded as started, its end not tracked
         rec.dropped += 1
+        rec.enqueue_op(("C", op))
 
 
 def _describe(rec: Recorder, name: str, spec: tuple, args: tuple,
@@ -283,6 +331,30 @@ def _describe(rec: Recorder, name: str, spec: tuple, args: tuple,
     return g, opname, seq, peer, nbytes, dtype
 
 
+_DEFERRED_IN_COALESCING = frozenset({"all_reduce", "all_gather_into_tensor",
+                                     "reduce_scatter_tensor"})
+"""Inside ``_coalescing_manager`` c10d only queues these; on leaving it issues one
+coalesced op per group (``allreduce_coalesced``...), traced on the ProcessGroup layer."""
+
+
+def _coalesce_state() -> dict:
+    """c10d's ``{group: queued ops}`` of open ``_coalescing_manager`` blocks (cleared,
+    never replaced, by c10d)."""
+    try:
+        from torch.distributed.distributed_c10d import _world
+
+        return _world.pg_coalesce_state
+    except (ImportError, AttributeError):
+        return {}
+
+
+def _deferred(coalescing: dict, args: tuple, kwargs: dict, group_at: int, group_key: str) -> bool:
+    group = args[group_at] if len(args) > group_at else kwargs.get(group_key)
+    if group is None:
+        group = _resolve(None)
+    return group in coalescing
+
+
 def traced(name: str, fn: Any) -> Any:
     """A tracing wrapper of the ``torch.distributed`` function ``fn`` named ``name``.
 
@@ -296,10 +368,15 @@ def traced(name: str, fn: Any) -> Any:
     always_async = async_spec is True
     async_at, async_key = async_spec if isinstance(async_spec, tuple) else (0, "")
 
+    deferrable = name in _DEFERRED_IN_COALESCING
+    coalescing = _coalesce_state() if deferrable else {}
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         rec = state.recorder
         if rec is None or rec.suppress:
             return fn(*args, **kwargs)
+        if coalescing and _deferred(coalescing, args, kwargs, group_at, group_key):
+            return fn(*args, **kwargs)  # queued, not issued: the coalesced op is traced
         t_in = perf_ns()
         try:
             if p2p:
@@ -319,6 +396,13 @@ def traced(name: str, fn: Any) -> Any:
                 opname, peer = name, -1
         except Exception:  # unknown group, odd arguments: never fail the caller
             return fn(*args, **kwargs)
+        if rec.level < FULL:  # runtime control: numbered (so seq stays aligned), not traced
+            rec.overhead_ns += perf_ns() - t_in
+            rec.suppress += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                rec.suppress -= 1
         is_async = always_async or (async_key != "" and bool(
             args[async_at] if len(args) > async_at else kwargs.get(async_key, False)))
         step, mb, cuda = rec.step, rec.microbatch, rec.cuda
@@ -416,6 +500,8 @@ def traced_batch_isend_irecv(fn: Any) -> Any:
         except Exception:
             ops = []
         rec.overhead_ns += perf_ns() - t_in
+        if rec.level < FULL:  # numbered above, not traced
+            ops = []
         rec.suppress += 1
         try:
             works = fn(p2p_op_list)
@@ -438,7 +524,11 @@ def traced_batch_isend_irecv(fn: Any) -> Any:
         for work, group in zip(works or (), groups):
             for op in group:
                 op.work, op.key = work, next(_keys)
-                rec.pending_async[op.key] = op
+                if len(rec.pending_async) < rec.config.max_pending:
+                    rec.pending_async[op.key] = op
+                else:  # bounded: the op is recorded as started, its end is not tracked
+                    rec.dropped += 1
+                    rec.enqueue_op(("C", op))
             out.append(TracedWork(work, rec, group))
         rec.calls += 1
         rec.overhead_ns += perf_ns() - t_out
@@ -449,11 +539,27 @@ def traced_batch_isend_irecv(fn: Any) -> Any:
 
 
 _ORIGINALS: dict[str, Any] = {}
+"""``torch.distributed`` namespace name -> the function it held before :func:`install`."""
+_C10D_ORIGINALS: dict[str, Any] = {}
+"""The same for ``torch.distributed.distributed_c10d`` (its own module attributes)."""
+
+
+def _wrap(name: str, fn: Any) -> Any:
+    return traced_batch_isend_irecv(fn) if name == "batch_isend_irecv" else traced(name, fn)
 
 
 def install() -> list[str]:
-    """Wrap the ``torch.distributed`` namespace functions (idempotent). Returns names."""
+    """Wrap the public c10d functions (idempotent). Returns the names wrapped.
+
+    Both the ``torch.distributed`` namespace (``dist.all_reduce``, and names imported
+    from it after ``init``) and ``torch.distributed.distributed_c10d``'s own attributes
+    (``distributed_c10d.all_reduce``, c10d's internal calls such as
+    ``all_gather_object``) are wrapped. What bypasses both - names bound before
+    ``init``, direct ``ProcessGroup`` method calls, coalesced ops - is traced one layer
+    down (:mod:`.pg_tracing`); functional collectives by :mod:`.functional`.
+    """
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
     done = []
     for name in list(_SPECS) + ["batch_isend_irecv"]:
@@ -462,8 +568,14 @@ def install() -> list[str]:
             continue
         if name not in _ORIGINALS:
             _ORIGINALS[name] = fn
-            setattr(dist, name, traced_batch_isend_irecv(fn) if name == "batch_isend_irecv"
-                    else traced(name, fn))
+            setattr(dist, name, _wrap(name, fn))
+        # c10d compares ``op is isend`` against its own globals: those two stay as they
+        # are there (their calls are traced on the ProcessGroup layer)
+        base = None if name in ("isend", "irecv") else getattr(c10d, name, None)
+        if base is not None and name not in _C10D_ORIGINALS:
+            _C10D_ORIGINALS[name] = base
+            # the same wrapper when both held the same function, else one of its own
+            setattr(c10d, name, getattr(dist, name) if base is fn else _wrap(name, base))
         done.append(name)
     return done
 
@@ -471,7 +583,11 @@ def install() -> list[str]:
 def uninstall() -> None:
     """Restore the original ``torch.distributed`` functions."""
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
     for name, fn in _ORIGINALS.items():
         setattr(dist, name, fn)
+    for name, fn in _C10D_ORIGINALS.items():
+        setattr(c10d, name, fn)
     _ORIGINALS.clear()
+    _C10D_ORIGINALS.clear()

@@ -19,6 +19,7 @@ from typing import Any
 
 from fleetscope.trainer_hooks.batch import Columns, ColumnSpec, rows_of
 from fleetscope.trainer_hooks.clock import CpuClock, CudaTimer
+from fleetscope.trainer_hooks.control import FULL, LEVELS, SECTIONS, ControlFile
 
 from fleetscope.schema import RECORD_TYPES
 from fleetscope.topology import Coords, Topology
@@ -77,6 +78,9 @@ class HookConfig:
     """Records waiting for CUDA events or async completion before new ones are dropped."""
     resolve_timeout_s: float = 2.0
     """At shutdown, how long to wait for outstanding CUDA events."""
+    max_cuda_errors: int = 1
+    """CUDA errors from event creation/recording after which the hooks stop using CUDA
+    events and time on the CPU (each error is counted; none reaches the trainer)."""
 
 
 class Recorder:
@@ -85,7 +89,8 @@ class Recorder:
     def __init__(self, job: str, rank: int, sink: Any, *, topology: Topology | None = None,
                  coords: Coords | None = None, host: str | None = None, attempt: int = 0,
                  local_rank: int | None = None, device: Any = None,
-                 config: HookConfig | None = None) -> None:
+                 config: HookConfig | None = None, control: Any = None,
+                 level: int = FULL) -> None:
         self.config = config or HookConfig()
         self.job, self.rank, self.attempt = str(job), int(rank), int(attempt)
         self.host = host or socket.gethostname()
@@ -115,13 +120,19 @@ class Recorder:
         self.step_open: tuple[int, int] | None = None
         self.step_info: dict[str, Any] = {}
         self.pending_async: dict[int, Any] = {}
-        self.groups: dict[int, Any] = {}
+        self.functional_pending: dict[int, tuple] = {}
+        """Output data pointer -> (weakref, Op) of functional collectives not waited on yet."""
+        self.groups: dict[Any, Any] = {}
+        self.level = int(level)
+        """Instrumentation level (:mod:`.control`): the training thread reads it."""
+        self.control = ControlFile(control)
+        self._level_changed = True
         # device timing
         self.cuda: CudaTimer | None = None
         if device is not None and getattr(device, "type", str(device)).startswith("cuda"):
             import torch
 
-            self.cuda = CudaTimer(torch, device)
+            self.cuda = CudaTimer(torch, device, max_errors=self.config.max_cuda_errors)
         self.cpu = CpuClock()
         # background-thread state
         self.started_ns = time.time_ns()
@@ -177,7 +188,10 @@ class Recorder:
             "queue_dropped": self.dropped, "sink_dropped": self.sink_dropped,
             "sink_errors": self.sink_errors, "worker_errors": self.worker_errors,
             "records_written": self.records_written, "queue_len": len(self.queue) + len(self.ops),
-            "pending": len(self.waiting) + len(self.pending_async),
+            "pending": len(self.waiting) + len(self.pending_async) + len(self.functional_pending),
+            "level": LEVELS[self.level],
+            "cuda_errors": self.cuda.errors if self.cuda is not None else 0,
+            "cuda_disabled": bool(self.cuda is not None and self.cuda.disabled),
             "worker_cpu_ns": self.worker_cpu_ns, "worker_wakeups": self.wakeups,
             "worker_alive": bool(self._thread and self._thread.is_alive()),
             "last_error": self.last_error,
@@ -205,10 +219,11 @@ class Recorder:
         if self.cuda is not None:
             self._guard(self.cuda.bind_thread)
             self._guard(self.cuda.reanchor)
+        self._guard(self._poll_control)  # a rank started while its job is "off" starts off
         # (period, task, drain first) on one timeline; equal periods share a wake-up. The
         # in-flight row and the flush come after the rows of everything the trainer
         # finished before them (the server's progress certificate relies on that).
-        tasks = [(cfg.poll_interval_s, None, True),
+        tasks = [(cfg.poll_interval_s, self._poll_control, True),
                  (cfg.inflight_interval_s, self._inflight, True),
                  (cfg.metrics_interval_s, self._metrics, False),
                  (cfg.flush_interval_s, self._flush, True),
@@ -280,6 +295,25 @@ class Recorder:
         self.waiting += late
         if self.pending_async:
             self._poll_async()
+        if self.functional_pending:
+            from fleetscope.trainer_hooks.functional import sweep
+
+            sweep(self)
+
+    def _poll_control(self) -> None:
+        """Apply a changed control file (runtime control, :mod:`.control`)."""
+        level = self.control.poll(self.rank)
+        if level is not None and level != self.level:
+            self.level = level
+            self._level_changed = True
+        if self._level_changed:
+            self._level_changed = False
+            self._add("metrics", self._metric_row(time.time_ns(), "hooks.instrumentation_level",
+                                                  self.level))
+
+    def _metric_row(self, ts: int, name: str, value: float) -> dict[str, Any]:
+        return {"ts_ns": ts, "job": self.job, "host": self.host, "rank": self.rank,
+                "source": "hooks", "device": "", "name": name, "value": float(value)}
 
     def _convert_all(self, items: list[tuple], ops: list[tuple]) -> list[tuple]:
         """Turn queue items into rows, column by column in bulk where no CUDA event is
@@ -392,7 +426,7 @@ class Recorder:
         elif kind == "S":
             _, name, skind, step, mb, t0, t1, ev0, ev1 = item
             device_ns = -1
-            if ev1 is not None:
+            if ev1 is not None and ev0 is not None:
                 if not CudaTimer.done(ev1):
                     if not force:
                         return False
@@ -432,7 +466,7 @@ class Recorder:
         if op.t_done >= 0:
             completed = cpu(op.t_done)
             duration = completed - enq
-        if op.ev1 is not None and self.cuda is not None and self.cuda.anchored:
+        if op.ev1 is not None and op.ev0 is not None and self.cuda is not None and self.cuda.anchored:
             if CudaTimer.done(op.ev1):
                 started, completed = self.cuda.to_epoch(op.ev0), self.cuda.to_epoch(op.ev1)
                 duration = CudaTimer.elapsed_ns(op.ev0, op.ev1)
@@ -454,7 +488,10 @@ class Recorder:
             top = None
         if (top is None or top[0] == "section") and self.waiting:
             top = self._oldest_on_device() or top
-        if top is None:
+        if self.level < FULL and (top is None or self.level < SECTIONS):
+            # ops (and below ``sections``, sections) are not traced: say so, not "idle"
+            values = (ts, self.step, "untraced", LEVELS[self.level], "", "", -1, -1, ts)
+        elif top is None:
             values = (ts, self.step, "idle", "", "", "", -1, -1, ts)
         else:
             kind, op, group_id, axis, seq, peer, since, step = top
@@ -491,12 +528,12 @@ class Recorder:
             "hooks.worker_errors_total": s["worker_errors"],
             "hooks.queue_len": s["queue_len"],
             "hooks.pending": s["pending"],
+            "hooks.instrumentation_level": self.level,
+            "hooks.cuda_errors_total": s["cuda_errors"],
         }
         ts = time.time_ns()
         for name, value in values.items():
-            self._add("metrics", {"ts_ns": ts, "job": self.job, "host": self.host,
-                                  "rank": self.rank, "source": "hooks", "device": "",
-                                  "name": name, "value": float(value)})
+            self._add("metrics", self._metric_row(ts, name, value))
 
     def _flush(self) -> None:
         self._open_sink()

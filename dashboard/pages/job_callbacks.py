@@ -154,6 +154,11 @@ def register(app: dash.Dash, client: ApiClient, prefetcher: Prefetcher | None = 
             if inc.ok else [html.Span("incidents not available" if inc.not_available else inc.error, className="fs-msg")]
         )
         rate = j.get("steps_per_s")
+        ins = client.instrumentation(job)
+        level = "-"
+        if ins.ok:
+            per_rank = ins.data.get("ranks") or {}
+            level = ins.data.get("level", "?") + (f" ({len(per_rank)} rank(s) differ)" if per_rank else "")
         return html.Div(
             [
                 html.Div([html.Span(j.get("name") or job, style={"fontSize": "20px", "fontWeight": 700}), " ",
@@ -166,6 +171,7 @@ def register(app: dash.Dash, client: ApiClient, prefetcher: Prefetcher | None = 
                         kpi("step time", fmt_ms(1000.0 / rate) if rate else "-"),
                         kpi("MFU", "-" if j.get("mfu") is None else f"{100 * j['mfu']:.1f}%"),
                         kpi("active incidents", str(len(open_inc)) if inc.ok else "-", id="open-incident-count"),
+                        kpi("instrumentation", level, id="instrumentation-level"),
                     ],
                     className="fs-kpis",
                 ),

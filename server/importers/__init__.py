@@ -1,0 +1,1 @@
+"""Importers: telemetry users already have (Flight Recorder dumps, profiler traces)."""

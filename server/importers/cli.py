@@ -1,0 +1,135 @@
+"""``fleetscope import fr|trace``: bring Flight Recorder dumps and profiler traces in."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+FR_DESCRIPTION = """\
+Import PyTorch Flight Recorder dumps (one file per rank, pickle or JSON; the rank is
+the last number in the file name) as 'collectives' records and analyse the hang:
+the culprit ranks, the process group and sequence number where they diverged, ranks
+that left no dump (missing), and op/size/dtype mismatches. gloo dumps (empty
+pg_config) are handled. Without --server/--store only the analysis is printed.
+"""
+
+TRACE_DESCRIPTION = """\
+Import torch.profiler / Kineto Chrome-trace JSON files (one per rank, the files HTA
+reads; .json or .json.gz) as 'sections', 'collectives' and 'steps' records, so the
+straggler detector, the timeline and the Perfetto export work on them. The rank
+comes from the trace's distributedInfo, else from the last number in the file name.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("import", help="import Flight Recorder dumps or profiler traces",
+                              description="Import telemetry that PyTorch already produced.")
+    sub = p.add_subparsers(dest="import_kind", metavar="KIND")
+    sub.required = True
+    fr = sub.add_parser("fr", help="Flight Recorder dumps -> collectives + hang analysis",
+                        description=FR_DESCRIPTION,
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="example:\n  fleetscope import fr /tmp/fr-dumps --job llama-7b "
+                               "--world-size 64 --server http://ctl:8000")
+    fr.add_argument("dir", metavar="DIR", type=Path, help="directory with one dump per rank")
+    fr.add_argument("--world-size", type=int, metavar="N",
+                    help="ranks in the job (default: from the dumps; needed to name missing ranks on gloo)")
+    fr.add_argument("--json", action="store_true", help="print the analysis as JSON")
+    _common(fr)
+    fr.set_defaults(func=run_fr)
+    tr = sub.add_parser("trace", help="torch.profiler Chrome traces -> sections + collectives",
+                        description=TRACE_DESCRIPTION,
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="example:\n  fleetscope import trace traces/rank*.json --job llama-7b "
+                               "--server http://ctl:8000")
+    tr.add_argument("files", metavar="FILES", nargs="+", type=Path, help="one trace per rank")
+    _common(tr)
+    tr.set_defaults(func=run_trace)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--job", required=True, metavar="ID", help="job id to file the records under")
+    dest = p.add_mutually_exclusive_group()
+    dest.add_argument("--server", metavar="URL", help="post the records to this server's ingest API")
+    dest.add_argument("--store", metavar="URL", help="write the records into this store (e.g. chdb:///dir)")
+    p.add_argument("--token", default=os.environ.get("FLEETSCOPE_TOKEN"), metavar="TOKEN",
+                   help="bearer token for --server (default $FLEETSCOPE_TOKEN)")
+
+
+def _job_row(job: str, world_size: int, name: str, status: str) -> dict:
+    return {"ts_ns": time.time_ns(), "job": job, "attempt": 0, "name": name, "dp": world_size,
+            "tp": 1, "pp": 1, "status": status}
+
+
+def run_fr(args: argparse.Namespace) -> int:
+    from fleetscope.server.importers.deliver import deliver
+    from fleetscope.server.importers.flight_recorder import DumpError, import_dir, inflight_rows
+
+    from fleetscope.cli import CliError
+
+    if not args.dir.is_dir():
+        raise CliError(f"{args.dir}: not a directory")
+    if args.world_size is not None and not 1 <= args.world_size <= 1 << 20:
+        raise CliError(f"--world-size {args.world_size}: must be 1..{1 << 20}")
+    try:
+        rows, analysis = import_dir(args.dir, args.job, args.world_size)
+    except DumpError as e:
+        raise CliError(str(e)) from None
+    if args.json:
+        print(json.dumps(analysis.as_dict(), indent=2))
+    else:
+        print(f"job {args.job}: {len(analysis.dumped)} dump(s) of {analysis.world_size} ranks, "
+              f"{len(rows)} collective records")
+        print(f"hang: {analysis.kind}: {analysis.summary}")
+        print(f"culprit ranks: {analysis.culprits}")
+        for s in analysis.stops:
+            print(f"  {s.group_id}#{s.seq} {s.op}: waiting {s.waiting}, never arrived {s.culprits}, "
+                  f"missing {s.missing}")
+        for m in analysis.mismatches:
+            print(f"  mismatch: {m['summary']}")
+    if args.server or args.store:
+        at = max((p.stat().st_mtime_ns for p in args.dir.iterdir() if p.is_file()), default=time.time_ns())
+        tables = {"jobs": [_job_row(args.job, analysis.world_size, "fr import",
+                                    "failed" if analysis.kind != "no_hang" else "finished")],
+                  "collectives": rows, "inflight": inflight_rows(args.job, rows, at)}
+        written = deliver(tables, server=args.server, store=args.store, token=args.token,
+                          label="import fr")
+        print(f"written: {written}", file=sys.stderr)
+    return 0
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    from fleetscope.server.importers.deliver import Progress, deliver
+    from fleetscope.server.importers.profiler_trace import TraceError, load_trace, to_records
+
+    from fleetscope.cli import CliError
+
+    tables: dict[str, list[dict]] = {"sections": [], "collectives": [], "steps": []}
+    ranks = set()
+    progress = Progress(len(args.files), "read traces")
+    for path in args.files:
+        try:
+            trace = load_trace(path)
+            recs = to_records(args.job, path, trace)
+        except TraceError as e:
+            raise CliError(str(e)) from None
+        rank = recs["rank"]
+        if rank in ranks:
+            raise CliError(f"{path}: a second trace for rank {rank}")
+        ranks.add(rank)
+        for name in tables:
+            tables[name] += recs[name]
+        progress.advance()
+    world = max(ranks) + 1
+    print(f"job {args.job}: {len(ranks)} rank(s); " + ", ".join(
+        f"{len(v)} {k}" for k, v in tables.items()))
+    if args.server or args.store:
+        tables = {"jobs": [_job_row(args.job, world, "trace import", "finished")], **tables}
+        written = deliver(tables, server=args.server, store=args.store, token=args.token,
+                          label="import trace")
+        print(f"written: {written}", file=sys.stderr)
+    return 0

@@ -1,0 +1,101 @@
+"""``fleetscope import fr``: Flight Recorder dumps from real gloo hangs (2-3 ranks)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+
+import pytest
+from fleetscope.server.importers.flight_recorder import DumpError, import_dir
+
+from tests.helpers.ranks import run_ranks
+
+FR_ENV = {"TORCH_FR_BUFFER_SIZE": "1000"}
+
+
+@pytest.fixture(scope="module")
+def stuck(tmp_path_factory):
+    """3 ranks: rank 1 never reaches world#6, rank 2 dies without a dump; rank 0 dumps
+    JSON, rank 1 pickle."""
+    work = tmp_path_factory.mktemp("stuck")
+    run_ranks("tests.helpers.fr_scenarios:stuck_rank", 3, work, timeout_s=120, env=FR_ENV)
+    return work / "fr"
+
+
+@pytest.fixture(scope="module")
+def desync(tmp_path_factory):
+    """2 ranks: world#2 is an all_reduce on rank 0 and a broadcast on rank 1."""
+    work = tmp_path_factory.mktemp("desync")
+    run_ranks("tests.helpers.fr_scenarios:desync", 2, work, timeout_s=120, env=FR_ENV)
+    return work / "fr"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fleetscope.cli", "import", "fr", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_gloo_dumps_have_an_empty_pg_config_and_are_read_anyway(stuck):
+    raw = (stuck / "nccl_trace_rank_1").read_bytes()
+    assert pickle.loads(raw)["pg_config"][""]["ranks"] == "[]"  # what breaks torch's fr_trace
+    rows, analysis = import_dir(stuck, "j", world_size=3)
+    assert {r["rank"] for r in rows} == {0, 1}
+    world = [r for r in rows if r["group_id"] == "world"]
+    assert [r["seq"] for r in world if r["rank"] == 0] == [1, 2, 3, 4, 5, 6]
+    assert {r["op"] for r in world} == {"all_reduce", "all_gather"}
+    assert all(r["bytes"] == 32 and r["dtype"] == "float32" for r in world)
+    sub = [r for r in rows if r["group_id"] != "world"]
+    assert {(r["rank"], r["op"], r["seq"]) for r in sub} == {(0, "broadcast", 1), (1, "broadcast", 1)}
+
+
+def test_stuck_rank_is_the_culprit_and_the_dead_one_is_missing(stuck):
+    _, a = import_dir(stuck, "j", world_size=3)
+    assert a.kind == "never_arrived" and a.culprits == [1] and a.missing == [2]
+    top = a.stops[0]
+    assert (top.group_id, top.seq, top.op, top.waiting) == ("world", 6, "all_reduce", [0])
+    assert top.last_seq == {"0": 6, "1": 5}
+
+
+def test_desync_is_an_op_mismatch_naming_the_odd_rank(desync):
+    _, a = import_dir(desync, "j")
+    assert a.kind == "mismatch" and a.culprits == [1]
+    (m,) = a.mismatches
+    assert (m["group_id"], m["seq"]) == ("world", 2)
+    assert m["calls"] == {"0": "all_reduce/32/float32", "1": "broadcast/32/float32"}
+
+
+def test_cli_prints_the_analysis_and_writes_the_store(stuck, tmp_path):
+    store = f"chdb://{tmp_path / 'store'}"
+    proc = _cli(str(stuck), "--job", "frjob", "--world-size", "3", "--store", store)
+    assert proc.returncode == 0, proc.stderr
+    assert "culprit ranks: [1]" in proc.stdout and "missing [2]" in proc.stdout
+    from fleetscope.server.store import Store
+
+    st = Store.open(store)
+    try:
+        n = st.query_rows("SELECT rank, count() AS n FROM collectives WHERE job = {j:String} "
+                          "GROUP BY rank ORDER BY rank", {"j": "frjob"})
+        inflight = st.query_rows("SELECT rank, op, group_id, seq FROM inflight WHERE job = {j:String}",
+                                 {"j": "frjob"})
+    finally:
+        st.close()
+    assert [(r["rank"], r["n"]) for r in n] == [(0, 7), (1, 6)]
+    assert [(r["rank"], r["op"], r["group_id"], r["seq"]) for r in inflight] == [(0, "all_reduce", "world", 6)]
+    js = _cli(str(stuck), "--job", "frjob", "--world-size", "3", "--json")
+    assert json.loads(js.stdout)["culprits"] == [1]
+
+
+def test_bad_input_is_a_clear_error(tmp_path):
+    (tmp_path / "rank0.pkl").write_bytes(b"\x80\x04not a pickle")
+    proc = _cli(str(tmp_path), "--job", "j")
+    assert proc.returncode == 2 and "rank0.pkl: not a Flight Recorder dump" in proc.stderr
+    (tmp_path / "rank0.pkl").write_bytes(pickle.dumps({"entries": []}))
+    (tmp_path / "dump.json").write_text("{}")
+    proc = _cli(str(tmp_path), "--job", "j")
+    assert proc.returncode == 2 and "no rank number in the file name" in proc.stderr
+    with pytest.raises(DumpError, match="is not allowed"):
+        (tmp_path / "dump.json").unlink()
+        (tmp_path / "rank1.pkl").write_bytes(pickle.dumps({"entries": [], "x": DumpError("boom")}))
+        import_dir(tmp_path, "j")
