@@ -85,6 +85,8 @@ class _Pending:
     tables: dict[str, pa.Table]
     num_rows: int
     future: asyncio.Future = field(repr=False)
+    accepted_s: float = field(default_factory=time.monotonic, repr=False)
+    """When the batch was queued (for the ingest-lag metric)."""
 
 
 class IngestWriter:
@@ -130,6 +132,10 @@ class IngestWriter:
             "batches": 0, "rows": 0, "inserts": 0, "duplicates": 0, "rejected_429": 0,
             "groups": 0, "write_s": 0.0, "lookup_s": 0.0, "insert_s": 0.0,
         }  # fmt: skip
+        self.rows_by_table: dict[str, int] = {}
+        """Record table -> rows written (duplicates not counted), for GET /metrics."""
+        self.last_lag_s = 0.0
+        """Accepted-to-stored seconds of the oldest batch of the latest written group."""
         self._queue: deque[_Pending] = deque()
         self._queued_rows = 0
         self._wakeup: asyncio.Event | None = None
@@ -160,6 +166,14 @@ class IngestWriter:
     @property
     def queued_rows(self) -> int:
         return self._queued_rows
+
+    @property
+    def oldest_queued_s(self) -> float:
+        """Seconds the oldest batch not yet stored has waited (0 when none waits)."""
+        try:
+            return time.monotonic() - self._queue[0].accepted_s
+        except IndexError:
+            return 0.0
 
     # ---- submission ----------------------------------------------------------------
     async def submit(self, key: str | None, tables: dict[str, pa.Table]) -> IngestResult:
@@ -266,6 +280,9 @@ class IngestWriter:
         self.stats["batches"] += len(group)
         self.stats["rows"] += sum(p.num_rows for p in group)
         self.stats["duplicates"] += sum(r.duplicate for r in results)
+        for name, parts in by_table.items():
+            self.rows_by_table[name] = self.rows_by_table.get(name, 0) + sum(t.num_rows for _, t in parts)
+        self.last_lag_s = time.monotonic() - min(p.accepted_s for p in group)
         return results
 
     def _thread_client(self) -> Any:
