@@ -22,6 +22,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "fleetscope.dashboard.cli",
     "fleetscope.kernels.cli",
     "fleetscope.demo",
+    "fleetscope.rca.cli",
 )
 
 DESCRIPTION = """\

@@ -22,6 +22,9 @@ Where the values come from, so they survive diagnosis moving into its own proces
 * ingest, alert delivery and diagnosis-pass counters: the processes' own counters
   (a counter restarts at 0 with its process, as Prometheus expects).
 
+Jobs are labelled ``job_id``: Prometheus sets ``job`` (the scrape job) on every series,
+so a ``job`` label here would be renamed ``exported_job`` at scrape time.
+
 Cardinality is fixed by construction: per job a constant number of series (the
 straggler families carry at most ``metrics_top_k`` series, labelled by ``position``
 1..k, with the culprit rank as the *value* of ``fleetscope_straggler_rank``), at most
@@ -104,7 +107,8 @@ class JobSteps:
         return (s1 - s0) / ((e1 - e0) / 1e9) if e1 > e0 and s1 > s0 else None
 
     def cumulative(self) -> list[tuple[str, float]]:
-        out, acc = [], 0
+        out: list[tuple[str, float]] = []
+        acc = 0
         for bound, n in zip((*STEP_BUCKETS_S, float("inf")), self.buckets):
             acc += n
             out.append(("+Inf" if bound == float("inf") else repr(bound), acc))
@@ -186,11 +190,11 @@ class FleetMetrics:
         return jobs, incidents, outbox
 
     def _job_families(self, jobs: list[dict], incidents: list[dict], now_ns: int) -> list[Metric]:
-        labels = ["job"]
+        labels = ["job_id"]
         job_info = GaugeMetricFamily("fleetscope_job_info", "A job known to the server (value 1).",
-                                     labels=["job", "name", "device"])
+                                     labels=["job_id", "name", "device"])
         status = GaugeMetricFamily("fleetscope_job_status",
-                                   "1 for the job's current status, 0 for the others.", labels=["job", "status"])
+                                   "1 for the job's current status, 0 for the others.", labels=["job_id", "status"])
         world = GaugeMetricFamily("fleetscope_job_world_size", "Ranks of the job (dp x tp x pp).", labels=labels)
         hist = HistogramMetricFamily("fleetscope_job_step_duration_seconds",
                                      "Step time of the job (its slowest rank) for every step counted.",
@@ -213,7 +217,7 @@ class FleetMetrics:
         suspects = GaugeMetricFamily("fleetscope_job_straggler_suspects",
                                      "Active straggler incidents of the job (all of them, not only the top k).",
                                      labels=labels)
-        pos = ["job", "position"]
+        pos = ["job_id", "position"]
         s_rank = GaugeMetricFamily("fleetscope_straggler_rank",
                                    "Culprit rank of the job's k-th straggler suspect (by est. slowdown).",
                                    labels=pos)
@@ -295,7 +299,7 @@ class FleetMetrics:
     def _incident_families(self, incidents: list[dict]) -> list[Metric]:
         fam = GaugeMetricFamily("fleetscope_incidents_active",
                                 "Open and acknowledged incidents by job, kind, severity and status.",
-                                labels=["job", "kind", "severity", "status"])
+                                labels=["job_id", "kind", "severity", "status"])
         counts: dict[tuple[str, str, str, str], int] = {}
         for i in incidents:
             key = (i["job"], i["kind"], i["severity"], i["status"])

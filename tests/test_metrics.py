@@ -12,10 +12,10 @@ import time
 
 import httpx
 import pytest
-from fleetscope.server.diagnosis.synthetic import MS, SynthJob
 from prometheus_client.parser import text_string_to_metric_families
-from test_diagnosis_api import job_record, synth_records, wait_for
+from test_diagnosis_api import wait_for
 
+from tests.helpers.ops_jobs import post_records, post_straggler_job
 from tests.helpers.server import running_server
 
 TOKEN = "metrics-token-0123456789"
@@ -57,51 +57,35 @@ def test_metrics_are_valid_prometheus_text_behind_the_token(tmp_path):
     with running_server(tmp_path, token=TOKEN, diagnosis_tick_s=0.5, metrics_cache_s=0) as url:
         assert HTTP.get(f"{url}/metrics").status_code == 401
         assert HTTP.get(f"{url}/metrics", headers={"Authorization": "Bearer wrong-token-0123456789"}).status_code == 401
-        now = time.time_ns()
-        job = SynthJob(job="strag", num_steps=30, t0_ns=now - 30 * 200 * MS,
-                       compute_factor=lambda r, s: 1.3 if r == 5 and s >= 8 else 1.0)
-        recs = synth_records(job)
-        recs["jobs"] = [{**job_record("strag", now - 10 * 10**9), "device_peak_flops": 1e13}]
-        ingest_api = url.api
-
-        def post(records, key):
-            # the test_diagnosis_api helper has no token: send it here
-            from fleetscope import codec
-            from fleetscope.schema import RECORD_TYPES
-            tables = {n: codec.rows_to_table(RECORD_TYPES[n], rows) for n, rows in records.items() if rows}
-            r = HTTP.post(f"{ingest_api}/ingest", content=codec.encode_batch(tables), headers={
-                "Content-Type": codec.ARROW_CONTENT_TYPE, "Idempotency-Key": key, **url.auth_headers})
-            assert r.status_code == 200, r.text
-
-        post(recs, "strag-1")
-        post(recs, "strag-1")  # a duplicate batch: counted as such, its rows not again
+        recs = post_straggler_job(url)
+        post_records(url, recs, "strag-1")  # a duplicate batch: counted as such, its rows not again
 
         def straggler_in_metrics():
             sm = samples(scrape(url))
-            return sm if value(sm, "fleetscope_straggler_rank", job="strag", position="1") is not None else None
+            return sm if value(sm, "fleetscope_straggler_rank", job_id="strag", position="1") is not None else None
 
         sm = wait_for(straggler_in_metrics, 90, "straggler suspect in /metrics")
         text = scrape(url)
         promtool_check(text)
         sm = samples(text)
-        assert value(sm, "fleetscope_straggler_rank", job="strag", position="1") == 5
-        assert value(sm, "fleetscope_straggler_est_slowdown_ratio", job="strag", position="1") > 0.05
-        assert value(sm, "fleetscope_incidents_active", job="strag", kind="slow_compute", status="open") >= 1
-        assert value(sm, "fleetscope_job_world_size", job="strag") == 8
-        assert value(sm, "fleetscope_job_status", job="strag", status="running") == 1
-        assert value(sm, "fleetscope_job_status", job="strag", status="failed") == 0
-        assert value(sm, "fleetscope_job_hung", job="strag") == 0
+        assert value(sm, "fleetscope_straggler_rank", job_id="strag", position="1") == 5
+        assert value(sm, "fleetscope_straggler_est_slowdown_ratio", job_id="strag", position="1") > 0.05
+        assert value(sm, "fleetscope_incidents_active", job_id="strag", kind="slow_compute", status="open") >= 1
+        assert value(sm, "fleetscope_job_world_size", job_id="strag") == 8
+        assert value(sm, "fleetscope_job_status", job_id="strag", status="running") == 1
+        assert value(sm, "fleetscope_job_status", job_id="strag", status="failed") == 0
+        assert value(sm, "fleetscope_job_hung", job_id="strag") == 0
         # every synthetic step is 200 ms-ish; the histogram counts the 30 steps (+ the newest
         # one only once all 8 ranks reported it)
-        n = value(sm, "fleetscope_job_step_duration_seconds_count", job="strag")
+        n = value(sm, "fleetscope_job_step_duration_seconds_count", job_id="strag")
         assert 29 <= n <= 30, n
-        mean_s = value(sm, "fleetscope_job_step_duration_seconds_sum", job="strag") / n
+        mean_s = value(sm, "fleetscope_job_step_duration_seconds_sum", job_id="strag") / n
         assert 0.05 < mean_s < 1.0, mean_s
-        assert value(sm, "fleetscope_job_step_duration_seconds_bucket", job="strag", le="+Inf") == n
-        assert value(sm, "fleetscope_job_steps_per_second", job="strag") > 0
-        assert 0 < value(sm, "fleetscope_job_mfu_ratio", job="strag") < 1
-        assert value(sm, "fleetscope_job_last_step", job="strag") == 29
-        assert value(sm, "fleetscope_job_seconds_since_last_step", job="strag") > 0
+        assert value(sm, "fleetscope_job_step_duration_seconds_bucket", job_id="strag", le="+Inf") == n
+        assert value(sm, "fleetscope_job_steps_per_second", job_id="strag") > 0
+        assert 0 < value(sm, "fleetscope_job_mfu_ratio", job_id="strag") < 1
+        assert value(sm, "fleetscope_job_last_step", job_id="strag") == 29
+        assert value(sm, "fleetscope_job_seconds_since_last_step", job_id="strag") > 0
         assert value(sm, "fleetscope_ingest_records_total", type="sections") == len(recs["sections"])
         assert value(sm, "fleetscope_ingest_duplicate_batches_total") == 1
         assert value(sm, "fleetscope_ingest_rejected_batches_total", reason="queue_full") == 0
@@ -133,20 +117,20 @@ def test_series_per_job_stay_fixed_at_12288_ranks(tmp_path):
 
         def job_series() -> tuple[int, dict]:
             sm = samples(scrape(url, None))
-            return sum(1 for series in sm.values() for lab, _ in series if lab.get("job") == job.job), sm
+            return sum(1 for series in sm.values() for lab, _ in series if lab.get("job_id") == job.job), sm
 
         before, sm = job_series()
-        assert value(sm, "fleetscope_job_world_size", job=job.job) == 12288
-        assert value(sm, "fleetscope_job_step_duration_seconds_count", job=job.job) == 60
+        assert value(sm, "fleetscope_job_world_size", job_id=job.job) == 12288
+        assert value(sm, "fleetscope_job_step_duration_seconds_count", job_id=job.job) == 60
         add_straggler_incidents(0, 1000)
         after_1000, sm = job_series()
         add_straggler_incidents(1000, 3000)
         after_4000, sm = job_series()
         # top-k: 5 suspects x (rank, score, slowdown) and one incidents_active series
         assert after_1000 == after_4000 == before + 5 * 3 + 1
-        assert value(sm, "fleetscope_job_straggler_suspects", job=job.job) == 4000
-        assert value(sm, "fleetscope_straggler_rank", job=job.job, position="1") == 3999  # biggest slowdown
-        assert value(sm, "fleetscope_straggler_rank", job=job.job, position="6") is None
+        assert value(sm, "fleetscope_job_straggler_suspects", job_id=job.job) == 4000
+        assert value(sm, "fleetscope_straggler_rank", job_id=job.job, position="1") == 3999  # biggest slowdown
+        assert value(sm, "fleetscope_straggler_rank", job_id=job.job, position="6") is None
         total = sum(len(v) for v in sm.values())
         print(f"\n12,288-rank job: {after_4000} series for the job, {total} in the whole scrape, "
               f"collect {value(sm, 'fleetscope_metrics_collect_seconds'):.3f} s")
