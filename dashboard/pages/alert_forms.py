@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import dash
 from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
@@ -78,7 +78,8 @@ def _input(form: str, f: FormField) -> Any:
     if f.kind == "bool":
         return dcc.Checklist(id=fid, options=[{"label": " yes", "value": "yes"}], value=["yes"] if f.default else [],
                              className="fs-check")
-    typ = {"number": "number", "int": "number", "password": "password"}.get(f.kind, "text")
+    typ: Literal["text", "number", "password"] = (
+        "number" if f.kind in ("number", "int") else "password" if f.kind == "password" else "text")
     return dcc.Input(id=fid, type=typ, value=f.default, placeholder=f.placeholder, debounce=False,
                      step="any" if f.kind == "number" else 1 if f.kind == "int" else None, className="fs-input")
 
