@@ -105,3 +105,11 @@ def check_commands(url, tmp_path) -> None:
     r = fs(url, "jobs", "--token-file", str(tmp_path / "missing"), token=None)
     assert r.returncode == 2 and "--token-file" in r.stderr, r.stderr
 
+
+
+def test_rca_cli_module_imports_nothing_heavy():
+    code = ("import sys, fleetscope.rca.cli; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('httpx', 'rich', 'fastapi', 'torch', 'dash', 'pandas') or m.startswith('fleetscope.server')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
