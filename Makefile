@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fleetscope-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv lint typecheck bench clean browser-deps
+.PHONY: demo test venv lint typecheck bench clean browser-deps prometheus-deps
 
 venv: $(STAMP)
 
@@ -32,7 +32,17 @@ browser-deps:
 	  else echo "warning: chromium not installed and not root; browser tests will be skipped"; fi; \
 	fi
 
-test: venv browser-deps
+# Debian's prometheus (+ promtool) for tests/test_prometheus.py and the promtool checks.
+prometheus-deps:
+	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian prometheus for the Prometheus tests"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
+	      || echo "warning: could not install prometheus; the Prometheus tests will be skipped"; \
+	  else echo "warning: prometheus not installed and not root; the Prometheus tests will be skipped"; fi; \
+	fi
+
+test: venv browser-deps prometheus-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: venv

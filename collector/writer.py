@@ -129,6 +129,8 @@ class _Pending:
     prefix: str = ""
     """``scope SEP key SEP`` of a client-keyed batch ('' for an auto key)."""
     client_key: str = ""
+    accepted_s: float = field(default_factory=time.monotonic, repr=False)
+    """When the batch was queued (for the ingest-lag metric)."""
 
 
 class IngestWriter:
@@ -177,6 +179,10 @@ class IngestWriter:
         }  # fmt: skip
         self.inflight_bytes = 0
         """Bytes of ingest requests being read, decoded or written (see :meth:`reserve`)."""
+        self.rows_by_table: dict[str, int] = {}
+        """Record table -> rows written (duplicates not counted), for GET /metrics."""
+        self.last_lag_s = 0.0
+        """Accepted-to-stored seconds of the oldest batch of the latest written group."""
         self._queue: deque[_Pending] = deque()
         self._queued_rows = 0
         self._wakeup: asyncio.Event | None = None
@@ -223,6 +229,14 @@ class IngestWriter:
 
     def release(self, nbytes: int) -> None:
         self.inflight_bytes = max(0, self.inflight_bytes - nbytes)
+
+    @property
+    def oldest_queued_s(self) -> float:
+        """Seconds the oldest batch not yet stored has waited (0 when none waits)."""
+        try:
+            return time.monotonic() - self._queue[0].accepted_s
+        except IndexError:
+            return 0.0
 
     # ---- submission ----------------------------------------------------------------
     async def submit(
@@ -407,6 +421,9 @@ class IngestWriter:
         self.stats["batches"] += len(group)
         self.stats["rows"] += sum(p.num_rows for p in group)
         self.stats["duplicates"] += sum(isinstance(r, IngestResult) and r.duplicate for r in results)
+        for name, parts in by_table.items():
+            self.rows_by_table[name] = self.rows_by_table.get(name, 0) + sum(t.num_rows for _, t in parts)
+        self.last_lag_s = time.monotonic() - min(p.accepted_s for p in group)
         return results
 
     def _conflict(self, p: _Pending) -> KeyConflict:

@@ -29,6 +29,9 @@ class ApiResult:
     """Human-readable reason when it did not; empty on success."""
     status: int = 0
     """HTTP status, 0 when the server could not be reached."""
+    detail: Any = None
+    """The error body's ``detail`` as sent (FastAPI: a list of ``{loc, msg}`` for 422), so
+    a form can put each message next to its field."""
 
     @property
     def ok(self) -> bool:
@@ -119,7 +122,7 @@ class ApiClient:
         except httpx.HTTPError as e:
             return ApiResult(error=f"API unreachable at {base}: {type(e).__name__}")
         if resp.status_code >= 400:
-            return ApiResult(error=_detail(resp), status=resp.status_code)
+            return ApiResult(error=_detail(resp), status=resp.status_code, detail=_raw_detail(resp))
         if raw:
             return ApiResult(data=resp.content, status=resp.status_code)
         if not resp.content:
@@ -211,6 +214,10 @@ class ApiClient:
             path = f"{path}/{_q(str(item_id))}"
         return self.request("DELETE", path)
 
+    def test_webhook(self, hook_id: str | int) -> ApiResult:
+        """Send one test notification to a webhook now (``delivered`` / ``error``)."""
+        return self.request("POST", f"/alerts/webhooks/{_q(str(hook_id))}/test")
+
 
 def items_of(data: Any, *keys: str) -> list[dict]:
     """The list inside a list endpoint's answer: the body itself, or its ``items`` (or
@@ -226,6 +233,14 @@ def items_of(data: Any, *keys: str) -> list[dict]:
 
 def _q(segment: str) -> str:
     return quote(segment, safe="")
+
+
+def _raw_detail(resp: httpx.Response) -> Any:
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    return body.get("detail") if isinstance(body, dict) else None
 
 
 def _detail(resp: httpx.Response) -> str:

@@ -26,6 +26,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "fleetscope.server.tokens_cli",
     "fleetscope.server.control_cli",
     "fleetscope.server.importers.cli",
+    "fleetscope.rca.cli",
 )
 
 DESCRIPTION = """\

@@ -225,7 +225,7 @@ def _training(base: str, server: Any, args: argparse.Namespace, steps: int, work
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
-        _watch(http, job, proc, rx, args)
+        _watch(http, job, proc, rx, args, steps)
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -236,15 +236,49 @@ def _training(base: str, server: Any, args: argparse.Namespace, steps: int, work
     _summary(http, job, rx)
 
 
-def _watch(http: Any, job: str, proc: subprocess.Popen, rx: _Receiver, args: argparse.Namespace) -> None:
+def _step_bar(total: int) -> Any:
+    """A rich progress bar of the job's steps on a terminal; None elsewhere (or without rich),
+    where the demo prints every tenth step instead."""
+    if not sys.stdout.isatty():
+        return None
+    try:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+    except ImportError:
+        return None
+    bar = Progress(TextColumn("training steps"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    bar.add_task("steps", total=total)
+    bar.start()
+    return bar
+
+
+def _watch(http: Any, job: str, proc: subprocess.Popen, rx: _Receiver, args: argparse.Namespace,
+           steps: int) -> None:
     """Print progress and findings until the hang is alerted (or the job ends)."""
+    bar = _step_bar(steps)
+    try:
+        _watch_loop(http, job, proc, rx, args, bar)
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def _watch_loop(http: Any, job: str, proc: subprocess.Popen, rx: _Receiver, args: argparse.Namespace,
+                bar: Any) -> None:
     deadline = time.monotonic() + args.scenario_timeout_s
     seen: set[str] = set()
     last_step, hang_seen_at = None, None
     while time.monotonic() < deadline:
         time.sleep(2)
         step = _get(http, f"/jobs/{job}").get("last_step")
-        if step is not None and step != last_step and (last_step is None or step // 10 != last_step // 10):
+        if bar is not None and step is not None:
+            bar.update(bar.task_ids[0], completed=step + 1)
+        elif step is not None and step != last_step and (last_step is None or step // 10 != last_step // 10):
             print(f"  ... step {step}", flush=True)
         last_step = step if step is not None else last_step
         for item in _get(http, f"/jobs/{job}/stragglers").get("items", []):

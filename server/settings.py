@@ -155,6 +155,16 @@ class Settings(BaseSettings):
     pass it gets 429 + Retry-After before its body is read (one request is always let in)."""
     max_ranks_expanded: int = Field(2**20, ge=1, le=2**24)
     """Most ranks a ``ranks=`` query parameter may select (before expanding it). 422 beyond."""
+    # ---- Prometheus metrics (GET /metrics, fleetscope/server/metrics.py) ----
+    metrics_cache_s: float = Field(5.0, ge=0, le=300)
+    """Seconds one computed /metrics snapshot is reused (scrapes never re-query sooner)."""
+    metrics_top_k: int = Field(5, ge=1, le=50)
+    """Straggler suspects exported per job (series per job stay at most this many, at any
+    world size)."""
+    metrics_job_window_s: float = Field(3600.0, ge=0, le=30 * 86_400)
+    """Finished or failed jobs stay in /metrics this long after their last update."""
+    metrics_max_jobs: int = Field(200, ge=1, le=10_000)
+    """Most jobs exported per scrape (running ones first, then the latest updated)."""
 
     @field_validator("log_level")
     @classmethod

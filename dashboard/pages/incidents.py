@@ -1,4 +1,5 @@
-"""Incidents (list, detail, acknowledge, resolve) and alert rules / webhooks management."""
+"""Incidents (list, detail, acknowledge, resolve) and alert rules / webhooks management
+(the forms are in :mod:`.alert_forms`)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from fleetscope.dashboard.components import (
     table,
 )
 
+from . import alert_forms
+
 ACTIONS = {"ack": ("acknowledge", "ack"), "resolve": ("resolve",)}
-RULE_EXAMPLE = '{"name": "slow ranks", "kind": "slow_compute", "min_slowdown": 0.05, "severity": "warning"}'
-WEBHOOK_EXAMPLE = '{"name": "ops pager", "url": "https://hooks.example.com/fleetscope", "min_severity": "warning"}'
 
 
 def _when(ns: int | None) -> str:
@@ -70,26 +71,7 @@ def layout(app: dash.Dash, incident_id: str | None) -> html.Div:
                 html.Div(message("loading incidents…", "loading"), id="incident-list"),
             ),
             html.Div(id="incident-action-status"),
-            html.Div(
-                [
-                    card("Alert rules", html.Div(message("loading rules…", "loading"), id="rules-list"),
-                         _create_form("rule", RULE_EXAMPLE)),
-                    card("Webhooks", html.Div(message("loading webhooks…", "loading"), id="webhooks-list"),
-                         _create_form("webhook", WEBHOOK_EXAMPLE)),
-                ],
-                className="fs-row",
-            ),
-        ]
-    )
-
-
-def _create_form(kind: str, example: str) -> html.Div:
-    return html.Div(
-        [
-            html.Label(f"new {kind} (JSON)"),
-            dcc.Textarea(id=f"{kind}-json", value=example, className="fs-json"),
-            html.Button(f"Create {kind}", id=f"{kind}-create", className="fs-btn"),
-            html.Div(id=f"{kind}-create-status"),
+            *alert_forms.cards(),
         ]
     )
 
@@ -231,50 +213,4 @@ def register(app: dash.Dash, client: ApiClient) -> None:
             ]
         ), sig
 
-    for kind, path, key in (("rule", "/alerts/rules", "rules"), ("webhook", "/alerts/webhooks", "webhooks")):
-        _register_crud(app, client, kind, path, key)
-
-
-def _register_crud(app: dash.Dash, client: ApiClient, kind: str, path: str, key: str) -> None:
-    list_id = "rules-list" if kind == "rule" else "webhooks-list"
-
-    @app.callback(
-        Output(f"{kind}-create-status", "children"),
-        Input(f"{kind}-create", "n_clicks"),
-        State(f"{kind}-json", "value"),
-        prevent_initial_call=True,
-    )
-    def create(_clicks, text):
-        try:
-            body = json.loads(text or "")
-        except ValueError as e:
-            return message(f"not valid JSON: {e}", "error")
-        if not isinstance(body, dict):
-            return message("expected a JSON object", "error")
-        res = client.create(path, body)
-        return message(f"could not create {kind}: {res.error}", "error") if not res.ok else html.Div(
-            f"{kind} created", className="fs-msg")
-
-    @app.callback(
-        Output(list_id, "children"),
-        Input("tick", "data"),
-        Input(f"{kind}-create-status", "children"),
-        Input({"type": f"{kind}-delete", "id": ALL}, "n_clicks"),
-    )
-    def listing(_n, _created, deletes):
-        trig = ctx.triggered_id
-        if isinstance(trig, dict) and any(deletes or []):
-            client.delete(path, trig["id"])  # the id quoted as one path segment
-        res = client.get(path)
-        if not res.ok:
-            return result_message(res, f"{kind}s")
-        items = _items(res, key)
-        if not items:
-            return message(f"no {kind}s configured")
-        cols = [c for c in items[0] if c not in ("secret", "created_ns", "updated_ns")][:8]
-        rows = [
-            [str(it.get(c, ""))[:60] for c in cols]
-            + [html.Button("Delete", id={"type": f"{kind}-delete", "id": str(it.get("id"))}, className="fs-btn fs-secondary")]
-            for it in items
-        ]
-        return table(cols + [""], rows)
+    alert_forms.register(app, client)

@@ -32,6 +32,8 @@ class PeriodicAlertingService(abc.ABC):
         self.tick_s = float(tick_s)
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
+        self.pass_seconds: dict[str, list[float]] = {}
+        """pass name (tick, tick_due) -> [count, total seconds, latest seconds], for /metrics."""
 
     @abc.abstractmethod
     def tick(self) -> int:
@@ -63,8 +65,13 @@ class PeriodicAlertingService(abc.ABC):
                 task.cancel()
 
     async def _pass(self, fn: Any) -> None:
+        t0 = time.monotonic()
         try:
-            if await asyncio.to_thread(fn):
+            queued = await asyncio.to_thread(fn)
+            took_s = time.monotonic() - t0
+            acc = self.pass_seconds.setdefault(getattr(fn, "__name__", "pass"), [0, 0.0, 0.0])
+            acc[0], acc[1], acc[2] = acc[0] + 1, acc[1] + took_s, took_s
+            if queued:
                 dispatcher = getattr(self.app.state, "alert_dispatcher", None)
                 if dispatcher is not None:
                     dispatcher.wake()
