@@ -130,6 +130,12 @@ class FaultInjector:
         self._patched: dict[str, Any] = {}
         self._entry_patched: dict[str, tuple[Any, Any]] = {}
         self._hang_armed = True
+        self._oversleep_s = 0.0
+        """How much longer than asked the previous stretches slept (scheduler wake-up
+        latency on a loaded machine); the next stretch sleeps that much less."""
+        self._comm_spans: list[tuple[float, float]] = []
+        """(start, end) perf_counter times of the blocking comm calls since the open section
+        began (a straggler's stretch leaves them out: see :meth:`stretch`)."""
 
     def _of(self, kind: str) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind]
@@ -160,20 +166,42 @@ class FaultInjector:
             time.sleep(rest)
 
     def stretch(self, step: int, section: str, started: float) -> None:
-        """Make a section F times as long (call at its end with its perf_counter start)."""
+        """Make a section's own work F times as long (call at its end with its perf_counter
+        start).
+
+        Own work is the section's wall time minus the time spent in blocking communication
+        inside it (a forward pass holds TP all-reduces, which wait for the slowest peer):
+        stretching the wall time instead made the injected delay grow with the time spent
+        *waiting for others* - a "1.5x" straggler on a loaded CPU machine, whose sections
+        are mostly waits, ran its own compute 5-8x as long as its peers'.
+        """
         for f in self._of("straggler"):
             if f.get("section") == section and step >= f.get("from_step"):
                 if self.device is not None and self.device.type == "cuda":
                     import torch
 
                     torch.cuda.synchronize(self.device)
-                elapsed = time.perf_counter() - started
-                time.sleep(elapsed * (f.get("factor") - 1.0))
+                now = time.perf_counter()
+                waited = sum(max(0.0, min(b, now) - max(a, started)) for a, b in self._comm_spans)
+                self._sleep(max(now - started - waited, 0.0) * (f.get("factor") - 1.0))
+        self._comm_spans = [s for s in self._comm_spans if s[1] > time.perf_counter()]
+
+    def _sleep(self, want_s: float) -> None:
+        """Sleep ``want_s`` on average: each wake-up's lateness (several ms per sleep when
+        the CPUs are oversubscribed) is taken off the next sleep, so a rank that sleeps in
+        every section is not slowed by the scheduler on top of its injected factor."""
+        ask = want_s - self._oversleep_s
+        if ask <= 0:
+            self._oversleep_s = -ask
+            return
+        t0 = time.perf_counter()
+        time.sleep(ask)
+        self._oversleep_s = min(max(time.perf_counter() - t0 - ask, 0.0), 1.0)
 
     # ---- below the tracing layer ------------------------------------------------------
     def install_comm(self) -> None:
         """Patch ``torch.distributed`` for slow links and comm hangs (before hooks init)."""
-        if not (self._of("slowlink") or self._hangs("in_collective", "in_p2p")):
+        if not (self._of("slowlink") or self._of("straggler") or self._hangs("in_collective", "in_p2p")):
             return
         self._patch(self._wrap)
 
@@ -253,7 +281,14 @@ class FaultInjector:
                     if is_async:
                         return _HungWork()
                     hang_forever()
-            return fn(*args, **kwargs)
+            if not self._of("straggler"):
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:  # the time this call blocked, left out of a stretched section
+                self._comm_spans.append((t0, time.perf_counter()))
+                del self._comm_spans[:-256]
 
         injected.__wrapped__ = fn  # type: ignore[attr-defined]
         return injected
