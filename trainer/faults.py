@@ -2,13 +2,17 @@
 
 Specs (``--inject``, repeatable)::
 
-    straggler:rank=R:factor=F[:from_step=S][:section=compute|dataloader]
-    hang:rank=R:step=S[:where=compute|collective|p2p|in_collective|in_p2p]
+    straggler:rank=R:factor=F[:from_step=S][:until_step=U][:section=compute|dataloader]
+    hang:rank=R:step=S[:where=compute|dataloader|collective|p2p|in_collective|in_p2p]
     crash:rank=R:step=S
     slowlink:group=tp|dp|pp:rank=R:delay_ms=D
     gc:rank=R:every=N:pause_ms=P
 
-Hangs: ``compute`` blocks inside the forward pass; ``collective`` / ``p2p`` block the
+A straggler with ``until_step`` is slow from ``from_step`` up to (not including)
+``until_step`` only (repeat the spec for intermittent slowdowns).
+
+Hangs: ``compute`` blocks inside the forward pass; ``dataloader`` inside the data-loading
+section (a stalled input pipeline); ``collective`` / ``p2p`` block the
 rank just before it would enter its next collective / p2p op, so it never reaches it
 while its peers wait there (the classic "one rank never joined"); ``in_collective`` /
 ``in_p2p`` enter the op and never complete it, as a broken link or NCCL fault would.
@@ -32,14 +36,14 @@ CRASH_EXIT_CODE = 1
 _FIELDS: dict[str, dict[str, tuple[type, Any]]] = {
     # kind -> field -> (type, default; ... = required)
     "straggler": {"rank": (int, ...), "factor": (float, ...), "from_step": (int, 0),
-                  "section": (str, "compute")},
+                  "until_step": (int, -1), "section": (str, "compute")},
     "hang": {"rank": (int, ...), "step": (int, ...), "where": (str, "compute")},
     "crash": {"rank": (int, ...), "step": (int, ...)},
     "slowlink": {"group": (str, ...), "rank": (int, ...), "delay_ms": (float, ...)},
     "gc": {"rank": (int, ...), "every": (int, ...), "pause_ms": (float, ...)},
 }
 _CHOICES = {("straggler", "section"): ("compute", "dataloader"),
-            ("hang", "where"): ("compute", "collective", "p2p", "in_collective", "in_p2p"),
+            ("hang", "where"): ("compute", "dataloader", "collective", "p2p", "in_collective", "in_p2p"),
             ("slowlink", "group"): ("tp", "dp", "pp")}
 
 
@@ -143,6 +147,7 @@ class FaultInjector:
     # ---- called by the training loop ----------------------------------------------------
     def step_start(self, step: int) -> None:
         self.step = step
+        self._oversleep_s = 0.0
         for f in self._of("crash"):
             if step >= f.get("step"):
                 os._exit(CRASH_EXIT_CODE)  # a hard crash: no cleanup, no flush
@@ -175,8 +180,13 @@ class FaultInjector:
         *waiting for others* - a "1.5x" straggler on a loaded CPU machine, whose sections
         are mostly waits, ran its own compute 5-8x as long as its peers'.
         """
+        if section == "dataloader":
+            for f in self._of("hang"):
+                if f.get("where") == "dataloader" and step >= f.get("step"):
+                    hang_forever()
         for f in self._of("straggler"):
-            if f.get("section") == section and step >= f.get("from_step"):
+            until = f.get("until_step")
+            if f.get("section") == section and step >= f.get("from_step") and (until < 0 or step < until):
                 if self.device is not None and self.device.type == "cuda":
                     import torch
 
@@ -187,16 +197,14 @@ class FaultInjector:
         self._comm_spans = [s for s in self._comm_spans if s[1] > time.perf_counter()]
 
     def _sleep(self, want_s: float) -> None:
-        """Sleep ``want_s`` on average: each wake-up's lateness (several ms per sleep when
-        the CPUs are oversubscribed) is taken off the next sleep, so a rank that sleeps in
-        every section is not slowed by the scheduler on top of its injected factor."""
-        ask = want_s - self._oversleep_s
-        if ask <= 0:
-            self._oversleep_s = -ask
-            return
+        """Sleep ``want_s``, less the previous stretch's wake-up lateness (several ms per
+        sleep when the CPUs are oversubscribed), but never less than half of ``want_s``:
+        a rank that sleeps in every section is then not slowed by the scheduler on top of
+        its injected factor, and one long descheduling does not cancel later stretches."""
+        ask = max(want_s - self._oversleep_s, 0.5 * want_s)
         t0 = time.perf_counter()
         time.sleep(ask)
-        self._oversleep_s = min(max(time.perf_counter() - t0 - ask, 0.0), 1.0)
+        self._oversleep_s = min(max(time.perf_counter() - t0 - ask, 0.0), want_s)
 
     # ---- below the tracing layer ------------------------------------------------------
     def install_comm(self) -> None:

@@ -16,11 +16,12 @@ from fleetscope.topology import Topology
 
 from .breakdown import rank_step_breakdown
 from .findings import Finding, FindingKind, HangAnalysis
-from .hangs import HangConfig, analyse_hang, detect_mismatches
+from .hangs import HangConfig, analyse_hang, detect_mismatches, keep_culprits
 from .health import detect_hardware_errors, detect_heartbeat_loss, hardware_evidence
 from .loader import JobFrames
 from .mfu import MfuConfig, detect_mfu_drop, mfu_series
 from .progress import progress_stall
+from .story import fold_secondary
 from .stragglers import StragglerConfig, detect_stragglers
 from .whatif import StepProfile, profile_from_frames
 
@@ -70,9 +71,12 @@ def build_profile(info: JobInfo, frames: JobFrames, breakdown: pd.DataFrame,
 
 
 def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
-                  config: DiagnosisConfig = DiagnosisConfig()) -> tuple[HangAnalysis, list[Finding]]:
+                  config: DiagnosisConfig = DiagnosisConfig(),
+                  previous: HangAnalysis | None = None) -> tuple[HangAnalysis, list[Finding]]:
     """The hang analysis alone (cheap: no straggler/what-if/MFU work) and its findings:
-    the hang (hosts, heartbeat loss folded in) or, without one, heartbeat losses."""
+    the hang (hosts, heartbeat loss folded in) or, without one, heartbeat losses.
+    ``previous`` is the job's previous hang analysis (culprit stickiness, see
+    :func:`.hangs.keep_culprits`)."""
     topo = info.topology
     if info.status not in ("running", "failed"):
         return HangAnalysis(info.job, False, 0, 0.0, config.hang.hang_min_s, frames.last_step), []
@@ -87,6 +91,7 @@ def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
                         frames.heartbeats, frames.progress, info.start_ns, frames.last_seen,
                         hc, job_failed=info.status == "failed", rank_last_step=rank_last,
                         progress_stall=op, warmup_step=frames.first_step)
+    hang = keep_culprits(previous, hang)
     hosts = frames.hosts
     host_data = {}
     if not frames.steps.empty:
@@ -102,7 +107,8 @@ def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
 
 
 def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
-             config: DiagnosisConfig = DiagnosisConfig()) -> JobDiagnosis:
+             config: DiagnosisConfig = DiagnosisConfig(),
+             previous: HangAnalysis | None = None) -> JobDiagnosis:
     """All findings for one job at ``now_ns``, strongest first within each detector."""
     topo = info.topology
     hosts = frames.hosts
@@ -113,7 +119,7 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
     profile = build_profile(info, frames, bd, arr, config.stragglers.recent_steps)
     findings = detect_stragglers(info.job, topo, bd, arr, profile, hosts, config.stragglers)
     findings += detect_mismatches(info.job, frames.collectives)
-    hang, hang_findings = diagnose_hang(info, frames, now_ns, config)
+    hang, hang_findings = diagnose_hang(info, frames, now_ns, config, previous)
     mfu = mfu_series(frames.step_times, info.model_flops_per_step, info.device_peak_flops,
                      topo.world_size)
     mfu_finding = detect_mfu_drop(info.job, mfu, bd, config.mfu)
@@ -125,6 +131,7 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
         findings += hang_findings  # heartbeat losses
     findings += detect_hardware_errors(info.job, frames.log_events, frames.metrics, hosts)
     add_hardware_evidence(findings, frames)
+    findings = fold_secondary(findings, topo)
     return JobDiagnosis(info.job, now_ns, findings, hang, mfu, bd, arr, profile)
 
 

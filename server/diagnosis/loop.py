@@ -68,11 +68,12 @@ def job_info(row: Job) -> JobInfo:
 
 
 def diagnose_job(store: Any, info: JobInfo, now_ns: int, config: DiagnosisConfig,
-                 host_seen_ns: dict[str, int] | None = None) -> JobDiagnosis:
-    """Load one job's window from the store and run every detector on it."""
+                 host_seen_ns: dict[str, int] | None = None, previous: Any = None) -> JobDiagnosis:
+    """Load one job's window from the store and run every detector on it (``previous``:
+    the job's previous hang analysis, for culprit stickiness)."""
     frames = load_job_frames(store, info.job, now_ns, window_steps=config.stragglers.window_steps)
     frames.host_seen_ns = dict(host_seen_ns or {})
-    return diagnose(info, frames, now_ns, config)
+    return diagnose(info, frames, now_ns, config, previous)
 
 
 class DiagnosisLoop(PeriodicAlertingService):
@@ -221,7 +222,9 @@ class DiagnosisLoop(PeriodicAlertingService):
         """Diagnose one job now: incidents, alert rows, when its stall rules are next due."""
         now_ns = time.time_ns()
         info = job_info(row)
-        result = diagnose_job(self.app.state.store, info, now_ns, self.config, self._host_seen())
+        prev = self.latest.get(info.job)
+        result = diagnose_job(self.app.state.store, info, now_ns, self.config, self._host_seen(),
+                              prev.hang if prev is not None else None)
         self.latest[info.job] = result
         self._last_tick[info.job] = self.num_ticks
         h = result.hang
@@ -249,9 +252,10 @@ class DiagnosisLoop(PeriodicAlertingService):
         frames = load_job_frames(self.app.state.store, info.job, now_ns,
                                  window_steps=self.config.stragglers.window_steps, hardware=False)
         frames.host_seen_ns = self._host_seen()
-        hang, findings = diagnose_hang(info, frames, now_ns, self.config)
-        self._schedule(info.job, hang.due_in_s, now_ns)
         cached = self.latest.get(info.job)
+        hang, findings = diagnose_hang(info, frames, now_ns, self.config,
+                                       cached.hang if cached is not None else None)
+        self._schedule(info.job, hang.due_in_s, now_ns)
         if cached is not None:
             cached.hang = hang
         findings = [f for f in findings if f.kind == FindingKind.HANG]

@@ -88,6 +88,13 @@ class StragglerConfig:
     scan_z: float = 4.5
     """Sequential test: standard errors above the noise over the run (higher than ``z``:
     every run length from ``scan_min_steps`` to the window is tried)."""
+    levels: tuple[float, ...] = (1.03, 1.06, 1.1, 1.2, 1.4, 2.0)
+    """Sequential exceedance test: slowdown levels (ratios to the peers' median)..."""
+    level_alpha: float = 1e-6
+    """...a run whose count of steps above a level is this unlikely under the other
+    ranks' rate of exceeding it (binomial tail) is a straggler."""
+    min_step_frac: float = 0.01
+    """A straggler's excess must also cost at least this fraction of the step time."""
     spike_alpha: float = 1e-3
     """GC-like pauses: a rank's spike count must be this unlikely under the other ranks'
     spike rate (Poisson), so machine-load spikes scattered over ranks name nobody."""
@@ -185,6 +192,10 @@ def detect_stragglers(
     spike_thr = max(math.log1p(config.spike_min_effect), config.spike_z * sigma)
     spikes = (lr > spike_thr).sum(axis=1)
     step_ns = float(np.median(grid.matrix("step_ns")))
+    run_n = np.maximum(run_busy, 1)
+    busy_ex = np.array([np.median(busy[i, -n:] - ref[i, -n:]) for i, n in enumerate(run_n)])
+    persistent &= busy_ex >= np.maximum(config.min_effect * np.array(
+        [np.median(ref[i, -n:]) for i, n in enumerate(run_n)]), config.min_step_frac * step_ns)
 
     comps = {c: grid.matrix(c) for c in COMPONENT_KIND}
     comp_refs = {c: _reference(m, stage_groups) for c, m in comps.items()}
@@ -201,7 +212,8 @@ def detect_stragglers(
         top = _top_test(comps[c], groups, config)
         run = np.where(hit, run, np.where(top, min(config.top_steps, len(steps)), k))
         ex_c = np.array([np.median(comps[c][i, -n:] - comp_refs[c][i, -n:]) for i, n in enumerate(run)])
-        material = config.min_effect * np.array([np.median(ref[i, -n:]) for i, n in enumerate(run)])
+        material = np.maximum(config.min_effect * np.array([np.median(ref[i, -n:]) for i, n in enumerate(run)]),
+                              config.min_step_frac * step_ns)
         comp_hit[c] = (hit | top) & (ex_c >= material)
         comp_score[c], comp_run[c] = sc, run
     suspects = [r for r in ranks if persistent[idx[r]] or any(comp_hit[c][idx[r]] for c in comp_hit)]
@@ -258,25 +270,80 @@ def detect_stragglers(
     return sorted(findings, key=lambda f: (-f.est_slowdown, -f.score))
 
 
+SCAN_LENGTHS = (3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+
+
+def _run_lengths(num_steps: int, config: StragglerConfig) -> list[int]:
+    lo = min(config.scan_min_steps, num_steps)
+    return sorted({n for n in SCAN_LENGTHS if lo <= n <= num_steps} | {num_steps, lo})
+
+
+def _robust_sigma(lr: np.ndarray) -> float:
+    """Noise scale of log ratios that heavy tails cannot shrink: the larger of the MAD's
+    and the upper tail's Gaussian-equivalent scale ((q90 - q50) / 1.2816). On a loaded
+    host a third of the rank-steps may run 1.5-2.5x slow at random; the MAD alone then
+    measures the quiet two thirds only."""
+    med = float(np.median(lr))
+    tail = (float(np.quantile(lr, 0.9)) - med) / 1.2816
+    return max(_sigma(lr), tail, 1e-3)
+
+
+def _binom_sf(h: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:
+    """P(Binomial(n, p) >= h), element-wise (h, p arrays of one shape)."""
+    j = np.arange(n + 1)
+    logc = np.array([math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) for k in j])
+    p = np.clip(p, 1e-12, 1 - 1e-12)[..., None]
+    terms = np.exp(logc + j * np.log(p) + (n - j) * np.log1p(-p))
+    return np.where(j >= h[..., None], terms, 0.0).sum(axis=-1)
+
+
 def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sequential test on log ratios (ranks x steps, oldest first): for every run of the
-    latest ``n`` steps, ``scan_min_steps <= n <= steps``, is the run's median above
-    ``max(log(1 + min_effect), scan_z x 1.2533 sigma / sqrt(n))`` with most of its steps
-    above half of that? Evidence accumulates with ``n``: a large slowdown is named after
-    a few steps, a small one once enough steps back it; a single spike never is (the
-    median of a run ignores it). Returns (flagged, score = best median / threshold,
-    the longest flagged run length) per rank."""
+    """Sequential test on log ratios (ranks x steps, oldest first) over runs of the latest
+    ``n`` steps, ``scan_min_steps <= n <= steps``; a rank is flagged by either
+
+    * the *median* test: the run's median is above ``max(log(1 + min_effect),
+      scan_z x 1.2533 sigma / sqrt(n))`` with most of its steps above half of that
+      (``sigma``: :func:`_robust_sigma`); or
+    * the *exceedance* test (distribution-free): for a level ``L`` of ``levels``, the
+      number ``h`` of the run's steps above ``log L`` is so high that
+      P(Binomial(n, p_L) >= h) < ``level_alpha``, where ``p_L`` is how often the other
+      ranks' steps exceed ``L`` in the window; ``h >= persist_frac x n`` and the run's
+      median is above ``log(1 + min_effect)``. Machine load that slows random ranks at
+      random steps raises ``p_L`` for everyone; a straggler is above ``L`` every step.
+
+    Evidence accumulates with ``n``: a large slowdown is named after a few steps, a small
+    one once enough steps back it; one spike never is. Returns (flagged, score: > 1 beyond
+    the threshold, the longest flagged run length) per rank."""
     num_ranks, num_steps = lr.shape
     hit = np.zeros(num_ranks, dtype=bool)
     score = np.zeros(num_ranks)
     run = np.zeros(num_ranks, dtype=np.int64)
     floor = math.log1p(config.min_effect)
-    for n in range(min(config.scan_min_steps, num_steps), num_steps + 1):
+    sigma = max(sigma, _robust_sigma(lr))
+    exceed = {L: lr > math.log(L) for L in config.levels}
+    p_other = {}
+    for L, e in exceed.items():  # leave-one-out rate of exceeding L, with a pseudo-count
+        per_rank = e.sum(axis=1)
+        p_other[L] = (per_rank.sum() - per_rank + 0.5) / (e.size - num_steps + 1.0)
+    for n in _run_lengths(num_steps, config):
         x = lr[:, -n:]
-        thr = max(floor, config.scan_z * 1.2533 * sigma / math.sqrt(n))
         med = np.median(x, axis=1)
+        thr = max(floor, config.scan_z * 1.2533 * sigma / math.sqrt(n))
         ok = (med > thr) & ((x > thr / 2).mean(axis=1) >= config.persist_frac)
-        score = np.maximum(score, np.where(ok, med / thr, 0.0))
+        sc = np.where(ok, med / thr, 0.0)
+        for L, e in exceed.items():
+            h = e[:, -n:].sum(axis=1)
+            cand = (h >= config.persist_frac * n) & (med > max(floor, 0.5 * math.log(L)))
+            if not cand.any():
+                continue
+            tail = _binom_sf(h[cand], n, p_other[L][cand])
+            good = np.zeros(num_ranks, dtype=bool)
+            good[cand] = tail < config.level_alpha
+            lv = np.zeros(num_ranks)
+            lv[cand] = np.log(np.maximum(tail, 1e-300)) / math.log(config.level_alpha)
+            ok |= good
+            sc = np.maximum(sc, np.where(good, lv, 0.0))
+        score = np.maximum(score, sc)
         run = np.where(ok, n, run)
         hit |= ok
     return hit, score, run
