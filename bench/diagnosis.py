@@ -1,18 +1,27 @@
 """Diagnosis scenario suite: the real reference trainer through the real server.
 
-For each scenario it runs ``fleetscope train`` (8 ranks, dp=2 tp=2 pp=2, gloo on CPU)
-with an injected fault, a real host agent shipping the spool to a real server
-(default settings: hang_min_s=30, hang_k=5, hang_op_min_s=20, 2 s diagnosis tick) and a real webhook
-receiver on loopback. Per scenario it prints the detected kinds, culprit ranks vs the
-injected ones, and the time from fault onset (read from the rank's own step records in
-the spool) to the first matching incident and to the webhook delivery; for a hang, the
-rule that fired and where the time went (onset -> last op completion, threshold,
-data lag + pass scheduling, pass duration, dispatch, delivery). At the end:
-straggler precision/recall, culprit accuracy on hang/crash scenarios, findings on the
-clean run, and hang -> webhook latency against the 30 s target.
+For each scenario and seed it runs ``fleetscope train`` (8 ranks in one of several
+layouts, gloo on CPU) with an injected fault, a real host agent shipping the spool to a
+real server (default settings: hang_min_s=30, hang_k=5, hang_op_min_s=20, 2 s diagnosis
+tick) and a real webhook receiver on loopback. Every straggler scenario is also run
+WITHOUT its fault (same layout, same seed, same steps; faulty and clean runs interleave,
+their order alternating by seed, so both see the same machine load), which gives
 
-    .venv/bin/python bench/diagnosis.py                 # the whole suite (~15 min on 2 CPUs)
-    .venv/bin/python bench/diagnosis.py --only clean,hang-compute
+* the measured job slowdown: median job step time (slowest rank) over the steps after
+  onset, faulty / clean - 1, against the finding's what-if ``est_slowdown``;
+* the injected factor against the finding's reported ``factor``;
+* false findings on clean runs (each clean run counts in precision).
+
+Per run it prints the culprit, kind, extra finding kinds, factor vs injected, what-if vs
+measured and the time from fault onset (the rank's own step records in the spool) to
+the first matching incident and to the webhook. At the end: precision and recall per
+scenario class and overall with Wilson 95% lower bounds, hang/crash culprit accuracy
+(final incident and first page), and the targets.
+
+    .venv/bin/python bench/diagnosis.py                  # every scenario, 2 seeds (hours on 2 CPUs)
+    .venv/bin/python bench/diagnosis.py --quick          # one seed of a small cross-section
+    .venv/bin/python bench/diagnosis.py --only clean,hang-compute --seeds 1
+    .venv/bin/python bench/diagnosis.py --list           # scenario names and classes
     .venv/bin/python bench/diagnosis.py --sweep          # detection floor vs timing noise (synthetic)
 
 Exit status 1 when a target is missed.
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -43,8 +53,21 @@ PY = sys.executable
 STRAGGLER = {"slow_compute", "slow_dataloader", "late_arrival", "slow_link", "gc_pause"}
 HANGS = {"hang"}
 HANG_WEBHOOK_TARGET_S = 30.0
-COMMON = ["--dp", "2", "--tp", "2", "--pp", "2", "--hidden", "128", "--seq-len", "64",
-          "--global-batch", "8", "--microbatches", "4", "--load-cost-ms", "5"]
+MODEL = ["--hidden", "128", "--seq-len", "64", "--microbatches", "4", "--load-cost-ms", "5"]
+FACTOR_TOL = 0.10
+"""Target: reported factor within +-10% of the injected one."""
+WHATIF_TOL = 0.25
+"""Target: what-if within +-25% of the measured slowdown."""
+TO_FINDING_TARGET_S = 15.0
+"""Target: median onset -> finding for stragglers >= 1.2x."""
+
+
+def layout_args(layout: tuple[int, int, int]) -> list[str]:
+    dp, tp, pp = layout
+    layers = 4 if pp <= 4 else pp
+    heads = max(4, tp)
+    return ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--layers", str(layers), "--heads",
+            str(heads), "--global-batch", str(4 * dp), *MODEL]
 
 
 @dataclass
@@ -54,33 +77,76 @@ class Scenario:
     expect_kinds: set[str]
     culprits: set[int]
     onset_step: int
-    steps: int = 48
+    steps: int = 36
     timeout_s: float = 240.0
     group_axis: str = ""
     """slow link: findings name the group of this axis that holds the injected rank."""
+    layout: tuple[int, int, int] = (2, 2, 2)
+    """(dp, tp, pp)."""
+    factor: float = 0.0
+    """Injected factor of the slow component (0: none to compare)."""
+    cls: str = ""
+    """Scenario class for precision/recall (default: the expected kind)."""
+    paired: bool = False
+    """Also run without the fault (measured slowdown, false findings)."""
+    throttle_rank: int = -1
+    """Fake NVML: this rank's GPU reports thermal throttling (joined to its finding)."""
+
+    @property
+    def klass(self) -> str:
+        return self.cls or (next(iter(sorted(self.expect_kinds))) if self.expect_kinds else "clean")
 
 
+def _s(rank: int, factor: float, start: int = 8, section: str = "compute", until: int = -1) -> str:
+    return (f"straggler:rank={rank}:factor={factor}:from_step={start}:section={section}"
+            + (f":until_step={until}" if until >= 0 else ""))
+
+
+SC = {"slow_compute"}
 SCENARIOS = [
     Scenario("clean", [], set(), set(), 0),
-    Scenario("compute-stage0", ["straggler:rank=1:factor=1.5:from_step=8"], {"slow_compute"}, {1}, 8),
-    Scenario("compute-stage1", ["straggler:rank=6:factor=1.5:from_step=8"], {"slow_compute"}, {6}, 8),
-    Scenario("compute-stage1-1.2x", ["straggler:rank=5:factor=1.2:from_step=8"], {"slow_compute"}, {5}, 8),
-    Scenario("compute-stage0-1.1x", ["straggler:rank=3:factor=1.1:from_step=8"], {"slow_compute"}, {3}, 8),
-    Scenario("dataloader", ["straggler:rank=2:factor=40:from_step=8:section=dataloader"],
-             {"slow_dataloader"}, {2}, 8),
+    # stragglers in the first, middle and last stage, several layouts
+    Scenario("compute-stage0", [_s(1, 1.5)], SC, {1}, 8, factor=1.5, paired=True),
+    Scenario("compute-stage1", [_s(6, 1.5)], SC, {6}, 8, factor=1.5, paired=True),
+    Scenario("compute-stage1-1.2x", [_s(5, 1.2)], SC, {5}, 8, factor=1.2, paired=True),
+    Scenario("compute-stage0-1.1x", [_s(3, 1.1)], SC, {3}, 8, factor=1.1, paired=True, steps=48),
+    Scenario("dp4xpp2-stage0-1.3x", [_s(2, 1.3)], SC, {2}, 8, layout=(4, 1, 2), factor=1.3, paired=True),
+    Scenario("tp4xpp2-stage1-1.3x", [_s(6, 1.3)], SC, {6}, 8, layout=(1, 4, 2), factor=1.3, paired=True),
+    Scenario("pp4-first-1.5x", [_s(0, 1.5)], SC, {0}, 8, layout=(2, 1, 4), factor=1.5, paired=True),
+    Scenario("pp4-middle-1.3x", [_s(3, 1.3)], SC, {3}, 8, layout=(2, 1, 4), factor=1.3, paired=True),
+    Scenario("pp4-last-1.3x", [_s(7, 1.3)], SC, {7}, 8, layout=(2, 1, 4), factor=1.3, paired=True),
+    Scenario("dp8-1.2x", [_s(5, 1.2)], SC, {5}, 8, layout=(8, 1, 1), factor=1.2, paired=True),
+    Scenario("intermittent-1.5x", [_s(4, 1.5, 8, until=16), _s(4, 1.5, 24, until=32)], SC, {4}, 8,
+             factor=1.5, cls="intermittent", paired=True),
+    Scenario("two-stragglers", [_s(0, 1.5), _s(6, 1.5)], SC, {0, 6}, 8, factor=1.5, cls="multi", paired=True),
+    Scenario("three-stragglers", [_s(1, 1.4), _s(4, 1.4), _s(7, 1.4)], SC, {1, 4, 7}, 8, layout=(4, 1, 2),
+             factor=1.4, cls="multi", paired=True),
+    Scenario("dataloader-3x", [_s(2, 3.0, section="dataloader")], {"slow_dataloader"}, {2}, 8,
+             factor=3.0, paired=True),
+    Scenario("dataloader-stall", [_s(2, 40, section="dataloader")], {"slow_dataloader"}, {2}, 8,
+             factor=40.0, paired=True),
+    Scenario("thermal-throttle", [_s(5, 1.5)], SC, {5}, 8, factor=1.5, throttle_rank=5, cls="thermal",
+             paired=True),
+    # slow links on each axis
     Scenario("slow-tp-link", ["slowlink:group=tp:rank=3:delay_ms=15"], {"slow_link"}, {3}, 1, group_axis="tp"),
     Scenario("slow-dp-link", ["slowlink:group=dp:rank=4:delay_ms=150"], {"slow_link"}, {4}, 1, group_axis="dp"),
+    Scenario("slow-pp-link", ["slowlink:group=pp:rank=2:delay_ms=20"], {"slow_link"}, {2}, 1, group_axis="pp"),
     Scenario("gc-pauses", ["gc:rank=7:every=3:pause_ms=400"], {"gc_pause"}, {7}, 3),
-    Scenario("two-stragglers", ["straggler:rank=0:factor=1.5:from_step=8",
-                                "straggler:rank=6:factor=1.5:from_step=8"], {"slow_compute"}, {0, 6}, 8),
+    # hangs and crashes
     Scenario("hang-compute", ["hang:rank=5:step=6:where=compute"], HANGS, {5}, 6, steps=60),
+    Scenario("hang-dataloader", ["hang:rank=2:step=6:where=dataloader"], HANGS, {2}, 6, steps=60),
     Scenario("hang-tp-collective", ["hang:rank=2:step=6:where=collective"], HANGS, {2}, 6, steps=60),
     Scenario("hang-pp-p2p", ["hang:rank=1:step=6:where=p2p"], HANGS, {1}, 6, steps=60),
+    Scenario("hang-in-p2p", ["hang:rank=5:step=6:where=in_p2p"], HANGS, {5}, 6, steps=60, cls="hang"),
     # a link/NCCL fault: both members of the TP group are inside the op, neither completes
     Scenario("link-fault-in-tp-collective", ["hang:rank=2:step=6:where=in_collective"], HANGS, {2, 3}, 6,
              steps=60),
-    Scenario("crash", ["crash:rank=3:step=6"], HANGS, {3}, 6, steps=60),
+    Scenario("crash", ["crash:rank=3:step=6"], HANGS, {3}, 6, steps=60, cls="crash"),
+    Scenario("crash-rank0", ["crash:rank=0:step=6"], HANGS, {0}, 6, steps=60, cls="crash"),
+    Scenario("crash-dp4xpp2-last", ["crash:rank=7:step=6"], HANGS, {7}, 6, steps=60, layout=(4, 1, 2),
+             cls="crash"),
 ]
+QUICK = ("clean", "compute-stage1-1.2x", "dp8-1.2x", "dataloader-3x", "hang-pp-p2p", "crash-rank0")
 
 
 class Receiver:
@@ -161,13 +227,13 @@ def onset_ns(spool_dir: Path, job: str, rank: int, step: int) -> int | None:
     return best
 
 
-def job_onset_ns(spool_dir: Path, job: str, ranks: set[int], step: int) -> int | None:
+def job_onset_ns(spool_dir: Path, job: str, ranks: set[int], step: int, world: int = 8) -> int | None:
     """Onset on the injected rank; if its records died with it (crash), the earliest
     end of step ``step - 1`` on any rank."""
     t = onset_ns(spool_dir, job, min(ranks), step)
     if t is not None:
         return t
-    found = [onset_ns(spool_dir, job, r, step) for r in range(8)]
+    found = [onset_ns(spool_dir, job, r, step) for r in range(world)]
     found = [x for x in found if x is not None]
     return min(found) if found else None
 
@@ -175,6 +241,9 @@ def job_onset_ns(spool_dir: Path, job: str, ranks: set[int], step: int) -> int |
 @dataclass
 class Result:
     name: str
+    seed: int = 0
+    clean: bool = False
+    """The fault-free twin of a straggler scenario."""
     kinds: list[str] = field(default_factory=list)
     culprits: list[int] = field(default_factory=list)
     injected: list[int] = field(default_factory=list)
@@ -187,29 +256,89 @@ class Result:
     load_1m: float | None = None
     paged_culprits: list[int] = field(default_factory=list)
     """Culprit ranks in the first firing alert (the table shows the incident's latest)."""
+    paged_corrections: int = 0
+    """Firing alerts for the hang incident after the first (culprit corrections)."""
     stages: dict[str, float] = field(default_factory=dict)
     """hang latency split (s): onset -> quiet (ops still completing after onset), stall
     threshold, crossing -> diagnosis pass (data lag + pass scheduling), pass -> outbox row
     (pass duration), outbox -> delivered, delivered -> receiver."""
+    factors: dict[int, float] = field(default_factory=dict)
+    """Culprit rank -> reported factor (latest incident of the expected kind)."""
+    component: str = ""
+    whatif: float | None = None
+    """Reported est_slowdown of the (strongest) expected finding."""
+    step_s: float | None = None
+    """Median job step time (slowest rank) over the steps after onset + 2."""
+    measured: float | None = None
+    """Faulty step time / clean step time - 1 (set from the clean twin)."""
+    hardware_joined: bool | None = None
+    """Thermal scenario: the culprit's finding carries the GPU's throttle events."""
+    extra_kinds: list[str] = field(default_factory=list)
     ok: bool = False
 
 
-def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.Client) -> Result:
-    job = f"bench-{sc.name}-{int(time.time())}"
-    spool_dir = work / "spool" / sc.name
-    agent = subprocess.Popen([PY, "-m", "fleetscope.cli", "agent", "--server", api.rsplit("/api/v1", 1)[0],
-                              "--spool", str(spool_dir), "--job", job, "--retain-acked", "--no-gpu"],
-                             stdout=open(work / f"agent-{sc.name}.log", "ab"), stderr=subprocess.STDOUT,
+def job_step_s(spool_dir: Path, job: str, world: int, from_step: int) -> float | None:
+    """Median over steps >= ``from_step`` (last step left out) of the slowest rank's step
+    time, from the ranks' own step records in the spool."""
+    per: dict[int, float] = {}
+    for r in range(world):
+        d = spool.rank_dir(spool_dir, job, r)
+        for seg in spool.list_segments(d):
+            for fr in spool.read_frames(seg):
+                if fr.corrupt:
+                    continue
+                t = codec.ipc_to_table(fr.payload)
+                if t.schema.metadata.get(b"fleetscope.record") != b"steps":
+                    continue
+                for st, dur in zip(t["step"].to_pylist(), t["duration_ns"].to_pylist()):
+                    if st >= from_step:
+                        per[st] = max(per.get(st, 0.0), dur / 1e9)
+    if len(per) < 3:
+        return None
+    vals = sorted(v for k, v in per.items() if k < max(per))
+    return vals[len(vals) // 2]
+
+
+FAKE_AGENT = """
+import sys
+sys.path.insert(0, {tests!r})
+import fake_nvml, pynvml
+gpus = [fake_nvml.FakeGpu(uuid=f"GPU-{{i:08d}}-0000-0000-0000-000000000000", ecc={{k: 0 for k in fake_nvml.FakeGpu().ecc}})
+        for i in range({n})]
+gpus[{rank}].throttle = pynvml.nvmlClocksThrottleReasonHwThermalSlowdown | pynvml.nvmlClocksThrottleReasonSwThermalSlowdown
+gpus[{rank}].temp, gpus[{rank}].sm_clock = 92, 1100
+sys.modules["pynvml"] = fake_nvml.make_fake_pynvml(gpus)
+from fleetscope.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.Client, seed: int = 0,
+                 clean: bool = False) -> Result:
+    tag = f"{sc.name}{'-clean' if clean else ''}-s{seed}"
+    job = f"bench-{tag}-{int(time.time())}"
+    spool_dir = work / "spool" / tag
+    world = sc.layout[0] * sc.layout[1] * sc.layout[2]
+    agent_args = ["agent", "--server", api.rsplit("/api/v1", 1)[0], "--spool", str(spool_dir), "--job", job,
+                  "--retain-acked"]
+    if sc.throttle_rank >= 0 and not clean:
+        tests = str(Path(__file__).resolve().parents[1] / "tests")
+        agent_cmd = [PY, "-c", FAKE_AGENT.format(tests=tests, n=world, rank=sc.throttle_rank), *agent_args]
+    else:
+        agent_cmd = [PY, "-m", "fleetscope.cli", *agent_args, "--no-gpu"]
+    agent = subprocess.Popen(agent_cmd, stdout=open(work / f"agent-{tag}.log", "ab"), stderr=subprocess.STDOUT,
                              start_new_session=True)
-    cmd = [PY, "-m", "fleetscope.cli", "train", *COMMON, "--steps", str(sc.steps), "--job", job,
-           "--spool", str(spool_dir), "--timeout-s", str(int(sc.timeout_s))]
-    for spec in sc.inject:
+    cmd = [PY, "-m", "fleetscope.cli", "train", *layout_args(sc.layout), "--steps", str(sc.steps), "--job", job,
+           "--seed", str(seed), "--spool", str(spool_dir), "--timeout-s", str(int(sc.timeout_s))]
+    for spec in ([] if clean else sc.inject):
         cmd += ["--inject", spec]
     t_start = time.time()
-    trainer = subprocess.Popen(cmd, stdout=open(work / f"train-{sc.name}.log", "ab"), stderr=subprocess.STDOUT,
+    trainer = subprocess.Popen(cmd, stdout=open(work / f"train-{tag}.log", "ab"), stderr=subprocess.STDOUT,
                                start_new_session=True)
     first_seen: dict[str, float] = {}
-    res = Result(sc.name, injected=sorted(sc.culprits))
+    res = Result(sc.name, seed=seed, clean=clean, injected=[] if clean else sorted(sc.culprits))
+    expect = set() if clean else sc.expect_kinds
+    hangs = bool(expect & HANGS)
     deadline = t_start + sc.timeout_s + 60
     finished_at = None
     while time.time() < deadline:
@@ -219,15 +348,15 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
             items = []
         for i in items:
             first_seen.setdefault(i["kind"], i["opened_ns"] / 1e9)
-        if sc.expect_kinds & HANGS and trainer.poll() is None and rx.first_for(job, {"FleetscopeHang"}):
-            time.sleep(3)  # paged: stop the hung job as an operator would
+        if hangs and trainer.poll() is None and rx.first_for(job, {"FleetscopeHang"}):
+            time.sleep(12)  # paged: watch the culprit stay put while hung, then stop the job as an operator would
             os.killpg(trainer.pid, signal.SIGTERM)
         if trainer.poll() is not None and finished_at is None:
             finished_at = time.time()
         if finished_at is not None:
             row = http.get(f"{api}/jobs/{job}").json() if finished_at else {}
             caught_up = row.get("status") in ("finished", "failed")
-            hang_done = not sc.expect_kinds & HANGS or rx.first_for(job, {"FleetscopeHang"})
+            hang_done = not hangs or rx.first_for(job, {"FleetscopeHang"})
             if (caught_up and hang_done and time.time() - finished_at > 8) or time.time() - finished_at > 45:
                 break
         time.sleep(1.0)
@@ -240,17 +369,30 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
     except subprocess.TimeoutExpired:
         os.killpg(agent.pid, signal.SIGKILL)
     res.kinds = sorted({i["kind"] for i in items})
+    res.extra_kinds = sorted(set(res.kinds) - expect)
     res.straggler_findings = [(i["kind"], i["ranks"], i["group_id"]) for i in items if i["kind"] in STRAGGLER]
+    if sc.paired:
+        res.step_s = job_step_s(spool_dir, job, world, sc.onset_step + 2)
     onset = None
-    if sc.culprits:
-        onset = job_onset_ns(spool_dir, job, sc.culprits, sc.onset_step)
-    match = [i for i in items if i["kind"] in sc.expect_kinds]
+    if sc.culprits and not clean:
+        onset = job_onset_ns(spool_dir, job, sc.culprits, sc.onset_step, world)
+    match = [i for i in items if i["kind"] in expect]
     if match:
         first = min(match, key=lambda i: i["opened_ns"])
         res.culprits = first["ranks"]
+        for i in match:
+            ev = i.get("evidence") or {}
+            for r in i["ranks"][:1]:
+                if r in sc.culprits and ev.get("factor"):
+                    res.factors[r] = float(ev["factor"])
+            res.component = res.component or ev.get("component", "")
+            if sc.throttle_rank in i["ranks"][:1]:
+                res.hardware_joined = bool(ev.get("hardware_events"))
+        strongest = max(match, key=lambda i: i["est_slowdown"])
+        res.whatif = strongest["est_slowdown"] if not hangs else None
         # the evidence as it was when the alert fired (the incident's is from the last pass,
         # after the hung job was stopped)
-        t_alert, alert = rx.first_alert(job, {"FleetscopeHang"} if sc.expect_kinds & HANGS else set())
+        t_alert, alert = rx.first_alert(job, {"FleetscopeHang"} if hangs else set())
         try:
             fired = {**first, "evidence": json.loads(alert["annotations"]["evidence"])} if alert else first
         except (KeyError, ValueError):
@@ -258,18 +400,21 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
         res.detected_by = fired["evidence"].get("detected_by", "")
         res.hang_class = fired["evidence"].get("hang_class", "")
         res.threshold_s = fired["evidence"].get("threshold_s")
-        res.load_1m = round(os.getloadavg()[0], 1)
         if alert:
             res.paged_culprits = json.loads(alert["annotations"].get("culprit_ranks", "[]"))
+            res.paged_corrections = sum(1 for _, p in rx.got for a in p["alerts"]
+                                        if a["labels"].get("incident") == alert["labels"]["incident"]
+                                        and a["status"] == "firing") - 1
         if onset:
             res.to_finding_s = round(first["opened_ns"] / 1e9 - onset / 1e9, 1)
-            names = {"FleetscopeHang"} if sc.expect_kinds & HANGS else {"FleetscopeStraggler"}
+            names = {"FleetscopeHang"} if hangs else {"FleetscopeStraggler"}
             t_hook = rx.first_for(job, names)
             if t_hook is not None:
                 res.to_webhook_s = round(t_hook - onset / 1e9, 1)
-            if sc.expect_kinds & HANGS:
+            if hangs:
                 res.stages = hang_stages(fired, onset, t_hook, http.get(f"{api}/alerts/outbox",
                                                                        params={"limit": 1000}).json())
+    res.load_1m = round(os.getloadavg()[0], 1)
     res.ok = judge(sc, res)
     return res
 
@@ -294,26 +439,85 @@ def hang_stages(inc: dict, onset: int, t_hook: float | None, outbox: list[dict])
 
 
 def judge(sc: Scenario, res: Result) -> bool:
-    if not sc.expect_kinds:
+    if res.clean or not sc.expect_kinds:
         return not res.kinds
     if sc.expect_kinds & HANGS:
-        return bool(res.culprits) and set(res.culprits) & sc.culprits == sc.culprits and len(res.culprits) <= 2
+        ok = bool(res.culprits) and set(res.culprits) & sc.culprits == sc.culprits and len(res.culprits) <= 2
+        return ok and (not res.paged_culprits or set(res.paged_culprits) == set(res.culprits))
     found = {r for k, ranks, _ in res.straggler_findings if k in sc.expect_kinds for r in ranks}
     return sc.culprits <= found
 
 
+def counts(sc: Scenario, r: Result) -> tuple[int, int, int]:
+    """(TP, FP, FN) of one run: TP per injected culprit named by a finding of the expected
+    kind (a slow link: a group holding it; a hang/crash: the incident's culprits); FP per
+    straggler/hang finding naming no injected rank (every finding of a clean run)."""
+    injected = set() if r.clean else sc.culprits
+    if not r.clean and sc.expect_kinds & HANGS:
+        named = set(r.culprits)
+        tp = len(injected & named) if judge(sc, r) else 0
+        fp = 0 if (not named or named & injected) else 1
+        fp += sum(1 for _, ranks, _ in r.straggler_findings if not set(ranks) & injected)
+        return tp, fp, len(injected) - tp
+    expect = set() if r.clean else sc.expect_kinds
+    found = {x for k, ranks, _ in r.straggler_findings if k in expect for x in ranks}
+    tp = len(injected & found)
+    fp = sum(1 for _, ranks, _ in r.straggler_findings if not set(ranks) & injected)
+    fp += int(r.clean and "hang" in r.kinds)
+    return tp, fp, len(injected - found)
+
+
+def wilson_lower(k: int, n: int, z: float = 1.96) -> float:
+    """Lower end of the Wilson score interval (95% by default) of a proportion k/n."""
+    if n == 0:
+        return float("nan")
+    p = k / n
+    centre = p + z * z / (2 * n)
+    margin = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - margin) / (1 + z * z / n)
+
+
+def pr_table(pairs: list[tuple[Scenario, Result]]) -> dict[str, tuple[int, int, int]]:
+    """TP/FP/FN per scenario class (clean twins count in their own class 'clean')."""
+    out: dict[str, list[int]] = {}
+    for sc, r in pairs:
+        cls = "clean" if r.clean else sc.klass
+        c = out.setdefault(cls, [0, 0, 0])
+        for j, v in enumerate(counts(sc, r)):
+            c[j] += v
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def straggler_pr(scs: list[Scenario], results: list[Result]) -> tuple[float, float]:
-    """Per (scenario, culprit): TP when a straggler finding of the right kind names it; FP for
-    each straggler finding naming no injected rank (links: no member injected)."""
+    """Point precision and recall over all runs (see :func:`counts`)."""
     tp = fp = fn = 0
     for sc, r in zip(scs, results):
-        if sc.expect_kinds & HANGS:
-            continue
-        found = {x for k, ranks, _ in r.straggler_findings if k in sc.expect_kinds for x in ranks}
-        tp += len(sc.culprits & found)
-        fn += len(sc.culprits - found)
-        fp += sum(1 for _, ranks, _ in r.straggler_findings if not set(ranks) & sc.culprits)
+        a, b, c = counts(sc, r)
+        tp, fp, fn = tp + a, fp + b, fn + c
     return tp / max(tp + fp, 1), tp / max(tp + fn, 1)
+
+
+def fmt(x: float | None, pct: bool = False) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.1f}%" if pct else f"{x:g}"
+
+
+def print_row(sc: Scenario, r: Result) -> None:
+    name = f"{sc.name}{' (clean)' if r.clean else ''}"
+    fac = "-"
+    if r.factors and sc.factor and not r.clean:
+        fac = "/".join(f"{v:.2f}" for _, v in sorted(r.factors.items())) + f" vs {sc.factor:g}"
+    wi = "-" if r.clean or r.whatif is None else f"{fmt(r.whatif, True)} vs {fmt(r.measured, True)}"
+    print(f"{name:<34}{r.seed:>2} {'x'.join(map(str, sc.layout)):<6}{str(r.injected or '-'):<11}"
+          f"{str(r.culprits or '-'):<11}{(','.join(sorted(set(r.kinds) - set(r.extra_kinds))) or '-'):<18}"
+          f"{(','.join(r.extra_kinds) or '-'):<22}{fac:<18}{wi:<18}"
+          f"{fmt(r.to_finding_s):>7}{fmt(r.to_webhook_s):>8}  {'yes' if r.ok else 'NO'}"
+          + (f"  hw-joined={r.hardware_joined}" if sc.throttle_rank >= 0 and not r.clean else ""), flush=True)
+    if r.stages:
+        print(f"    {r.detected_by or 'hang'}: " + ", ".join(f"{k} {v}" for k, v in r.stages.items())
+              + f"; paged culprits {r.paged_culprits} (+{r.paged_corrections} corrections);"
+                f" load average (1 min) {r.load_1m}", flush=True)
 
 
 def sweep(seeds: int = 5) -> int:
@@ -350,12 +554,22 @@ def sweep(seeds: int = 5) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="", help="comma-separated scenario names")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per scenario (default 2)")
+    ap.add_argument("--quick", action="store_true", help=f"one seed of {', '.join(QUICK)}")
+    ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--sweep", action="store_true", help="only the synthetic detection-floor sweep")
     args = ap.parse_args(argv)
     if args.sweep:
         return sweep()
-    names = [n for n in args.only.split(",") if n]
+    if args.list:
+        for sc in SCENARIOS:
+            print(f"{sc.name:<30} {sc.klass:<16} {'x'.join(map(str, sc.layout)):<6} {' '.join(sc.inject)}")
+        return 0
+    if args.seeds < 1:
+        ap.error(f"--seeds must be >= 1, got {args.seeds}")
+    names = [n for n in args.only.split(",") if n] or (list(QUICK) if args.quick else [])
+    seeds = 1 if args.quick and not args.only else args.seeds
     unknown = [n for n in names if n not in {s.name for s in SCENARIOS}]
     if unknown:
         ap.error(f"unknown scenario {unknown[0]!r}; choose from {[s.name for s in SCENARIOS]}")
@@ -365,20 +579,25 @@ def main(argv: list[str] | None = None) -> int:
     server, url = start_server(work)
     api = f"{url}/api/v1"
     http = httpx.Client(timeout=60)
-    results: list[Result] = []
+    pairs: list[tuple[Scenario, Result]] = []
+    runs = [(sc, seed) for seed in range(seeds) for sc in scs]
+    print(f"{len(runs)} scenario runs ({sum(1 for sc, _ in runs if sc.paired)} with a clean twin); "
+          f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     try:
         http.post(f"{api}/alerts/webhooks", json={"name": "bench", "url": rx.url, "secret": "bench-secret-0123456789"}).raise_for_status()
-        print(f"{'scenario':<22}{'injected':<10}{'detected kinds':<34}{'culprits':<12}{'class':<20}"
-              f"{'onset->finding s':>17}{'onset->webhook s':>17}  ok", flush=True)
-        for sc in scs:
-            r = run_scenario(sc, api, rx, work, http)
-            results.append(r)
-            print(f"{sc.name:<22}{str(r.injected):<10}{','.join(r.kinds) or '-':<34}{str(r.culprits or '-'):<12}"
-                  f"{r.hang_class or '-':<20}{str(r.to_finding_s or '-'):>17}{str(r.to_webhook_s or '-'):>17}  "
-                  f"{'yes' if r.ok else 'NO'}", flush=True)
-            if r.stages:
-                print(f"    {r.detected_by or 'hang'}: " + ", ".join(f"{k} {v}" for k, v in r.stages.items())
-                      + f"; paged culprits {r.paged_culprits}; load average (1 min) {r.load_1m}", flush=True)
+        print(f"{'scenario':<34}{'sd':>2} {'layout':<6}{'injected':<11}{'culprits':<11}{'kind':<18}"
+              f"{'extra kinds':<22}{'factor vs inj':<18}{'what-if vs meas':<18}{'find s':>7}{'hook s':>8}  ok",
+              flush=True)
+        for sc, seed in runs:
+            order = [False, True] if seed % 2 == 0 else [True, False]
+            got: dict[bool, Result] = {}
+            for clean in (order if sc.paired else [False]):
+                got[clean] = run_scenario(sc, api, rx, work, http, seed=seed, clean=clean)
+            if sc.paired and got[False].step_s and got[True].step_s:
+                got[False].measured = round(got[False].step_s / got[True].step_s - 1, 4)
+            for clean in sorted(got):
+                print_row(sc, got[clean])
+                pairs.append((sc, got[clean]))
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -388,26 +607,75 @@ def main(argv: list[str] | None = None) -> int:
         rx.httpd.shutdown()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    precision, recall = straggler_pr(scs, results)
-    hang_res = [(s, r) for s, r in zip(scs, results) if s.expect_kinds & HANGS]
-    hang_ok = sum(r.ok for _, r in hang_res)
-    hook = [r.to_webhook_s for s, r in hang_res if r.to_webhook_s is not None]
-    clean = [r for s, r in zip(scs, results) if not s.expect_kinds]
+    return summarize(pairs)
+
+
+def summarize(pairs: list[tuple[Scenario, Result]]) -> int:
+    """Print the targets and return the exit status (1 when one is missed)."""
+    missed: list[str] = []
     print(f"\nload average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    print(f"straggler precision {precision:.2f} recall {recall:.2f} (target >= 0.95 each)")
-    print(f"hang/crash culprit correct {hang_ok}/{len(hang_res)}")
-    if hook:
-        lag = [r.to_webhook_s - (r.threshold_s or 0) for s, r in hang_res if r.to_webhook_s is not None]
-        print(f"hang onset -> webhook: max {max(hook):.1f} s, median {sorted(hook)[len(hook) // 2]:.1f} s; "
-              f"beyond the stall threshold (webhook - threshold): max {max(lag):.1f} s")
+    table = pr_table(pairs)
+    tp = sum(v[0] for v in table.values())
+    fp = sum(v[1] for v in table.values())
+    fn = sum(v[2] for v in table.values())
+    print(f"{'class':<18}{'TP':>4}{'FP':>4}{'FN':>4}  precision (95% lower)  recall (95% lower)")
+    for cls, (a, b, c) in sorted(table.items()) + [("ALL", (tp, fp, fn))]:
+        p = a / (a + b) if a + b else float("nan")
+        r = a / (a + c) if a + c else float("nan")
+        print(f"{cls:<18}{a:>4}{b:>4}{c:>4}  {p:>5.2f} ({wilson_lower(a, a + b):.2f})"
+              f"          {r:>5.2f} ({wilson_lower(a, a + c):.2f})")
+        if cls != "ALL" and ((a + b and p < 0.9) or (a + c and r < 0.9)):
+            missed.append(f"class {cls} below 0.9")
+    if tp + fp and tp / (tp + fp) < 0.97:
+        missed.append("precision < 0.97")
+    if tp + fn and tp / (tp + fn) < 0.97:
+        missed.append("recall < 0.97")
+    hang = [(sc, r) for sc, r in pairs if sc.expect_kinds & HANGS and not r.clean]
+    if hang:
+        right = sum(r.ok for _, r in hang)
+        print(f"hang/crash culprit right (final incident and first page agree): {right}/{len(hang)}")
+        if right < len(hang):
+            missed.append("hang/crash culprit")
+        hook = [r.to_webhook_s for _, r in hang if r.to_webhook_s is not None]
+        if hook:
+            print(f"hang onset -> webhook: max {max(hook):.1f} s, median {sorted(hook)[len(hook) // 2]:.1f} s")
+        late = [r.name for _, r in hang if r.to_webhook_s is None or r.to_webhook_s > HANG_WEBHOOK_TARGET_S]
+        if late:
+            print(f"hang -> webhook over {HANG_WEBHOOK_TARGET_S:.0f} s (or no webhook): {late}")
+    fac = [(sc, r, v) for sc, r in pairs if sc.factor and not r.clean for v in r.factors.values()]
+    if fac:
+        bad = [(sc.name, r.seed, v) for sc, r, v in fac if abs(v / sc.factor - 1) > FACTOR_TOL]
+        print(f"factor within +-{FACTOR_TOL:.0%} of injected: {len(fac) - len(bad)}/{len(fac)}"
+              + (f"; off: {bad}" if bad else ""))
+        if bad:
+            missed.append("factor")
+    wi = [(sc, r) for sc, r in pairs if sc.paired and not r.clean and r.whatif is not None and r.measured is not None]
+    if wi:
+        judged = [(sc, r) for sc, r in wi if r.measured >= 0.03]
+        bad = [(sc.name, r.seed, r.whatif, r.measured) for sc, r in judged
+               if abs(r.whatif - r.measured) > WHATIF_TOL * r.measured]
+        print(f"what-if within +-{WHATIF_TOL:.0%} of measured (measured >= 3%): {len(judged) - len(bad)}/{len(judged)}"
+              + (f"; off (what-if, measured): {bad}" if bad else "")
+              + f"; {len(wi) - len(judged)} with measured < 3% not judged")
+        if bad:
+            missed.append("what-if")
+    fast = [r.to_finding_s for sc, r in pairs if sc.factor >= 1.2 and sc.expect_kinds & SC | {"slow_dataloader"}
+            and not r.clean and r.to_finding_s is not None]
+    if fast:
+        med = sorted(fast)[len(fast) // 2]
+        print(f"onset -> finding, stragglers >= 1.2x: median {med:.1f} s (target <= {TO_FINDING_TARGET_S:.0f} s), "
+              f"max {max(fast):.1f} s over {len(fast)} runs")
+        if med > TO_FINDING_TARGET_S:
+            missed.append("time to finding")
+    clean = [(sc, r) for sc, r in pairs if r.clean or not sc.expect_kinds]
     if clean:
-        print(f"clean run findings: {clean[0].kinds or 'none'}")
-    late = [r.name for _, r in hang_res if r.to_webhook_s is None or r.to_webhook_s > HANG_WEBHOOK_TARGET_S]
-    if late:
-        print(f"hang -> webhook over {HANG_WEBHOOK_TARGET_S:.0f} s (or no webhook): {late}")
-    failed = [r.name for r in results if not r.ok] + [n for n in late if n not in {r.name for r in results if not r.ok}]
-    print("all scenarios OK" if not failed else f"scenarios missed: {failed}")
-    return 1 if failed else 0
+        dirty = [(sc.name, r.seed, r.kinds) for sc, r in clean if r.kinds]
+        print(f"clean runs with findings: {len(dirty)}/{len(clean)}" + (f": {dirty}" if dirty else ""))
+    failed = [f"{sc.name}{'-clean' if r.clean else ''}/s{r.seed}" for sc, r in pairs if not r.ok]
+    print("all scenarios OK" if not failed else f"runs missed: {failed}")
+    if missed:
+        print(f"targets missed: {missed}")
+    return 1 if failed or missed else 0
 
 
 if __name__ == "__main__":

@@ -94,14 +94,27 @@ def _median(rows: list, **match) -> float:
 
 def test_straggler_sections_take_about_factor_times_longer(slow_job):
     # rank 5 vs the other replica's ranks of the same stage (6, 7: not in rank 5's TP
-    # group), paired by (step, micro-batch) so they saw the same machine load
-    dur = {(s["rank"], s["name"], s["step"], s["microbatch"]): s["duration_ns"]
+    # group), paired by (step, micro-batch) so they saw the same machine load. A section's
+    # own work is its duration minus the communication inside it (the TP all-reduces wait
+    # for the slower peer): that is what the injection stretches, whatever the waits.
+    colls = {}
+    for c in slow_job["collectives"]:
+        colls.setdefault(c["rank"], []).append((c["enqueued_ns"], c["completed_ns"]))
+
+    def own(s):
+        inside = sum(max(0, min(b, s["end_ns"]) - max(a, s["start_ns"])) for a, b in colls.get(s["rank"], ())
+                     if s["start_ns"] <= a < s["end_ns"])
+        return s["duration_ns"] - inside
+
+    dur = {(s["rank"], s["name"], s["step"], s["microbatch"]): own(s)
            for s in slow_job["sections"] if s["step"] >= 1}
     ratios = [d / ((dur[(6, name, st, mb)] + dur[(7, name, st, mb)]) / 2)
               for (rank, name, st, mb), d in dur.items()
               if rank == 5 and name in ("forward", "backward")]
     assert len(ratios) == 2 * 4 * 2
-    assert statistics.median(ratios) > 1.8  # factor 3
+    # factor 3 of own work, not of waiting (that made it 5-8x on a loaded machine); 5 steps
+    # on 2 shared CPUs leave about +-40% of noise
+    assert 2.0 < statistics.median(ratios) < 4.5
 
 
 def test_gc_pauses_hit_the_chosen_rank_every_n_steps(slow_job):

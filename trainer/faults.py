@@ -2,13 +2,17 @@
 
 Specs (``--inject``, repeatable)::
 
-    straggler:rank=R:factor=F[:from_step=S][:section=compute|dataloader]
-    hang:rank=R:step=S[:where=compute|collective|p2p|in_collective|in_p2p]
+    straggler:rank=R:factor=F[:from_step=S][:until_step=U][:section=compute|dataloader]
+    hang:rank=R:step=S[:where=compute|dataloader|collective|p2p|in_collective|in_p2p]
     crash:rank=R:step=S
     slowlink:group=tp|dp|pp:rank=R:delay_ms=D
     gc:rank=R:every=N:pause_ms=P
 
-Hangs: ``compute`` blocks inside the forward pass; ``collective`` / ``p2p`` block the
+A straggler with ``until_step`` is slow from ``from_step`` up to (not including)
+``until_step`` only (repeat the spec for intermittent slowdowns).
+
+Hangs: ``compute`` blocks inside the forward pass; ``dataloader`` inside the data-loading
+section (a stalled input pipeline); ``collective`` / ``p2p`` block the
 rank just before it would enter its next collective / p2p op, so it never reaches it
 while its peers wait there (the classic "one rank never joined"); ``in_collective`` /
 ``in_p2p`` enter the op and never complete it, as a broken link or NCCL fault would.
@@ -32,14 +36,14 @@ CRASH_EXIT_CODE = 1
 _FIELDS: dict[str, dict[str, tuple[type, Any]]] = {
     # kind -> field -> (type, default; ... = required)
     "straggler": {"rank": (int, ...), "factor": (float, ...), "from_step": (int, 0),
-                  "section": (str, "compute")},
+                  "until_step": (int, -1), "section": (str, "compute")},
     "hang": {"rank": (int, ...), "step": (int, ...), "where": (str, "compute")},
     "crash": {"rank": (int, ...), "step": (int, ...)},
     "slowlink": {"group": (str, ...), "rank": (int, ...), "delay_ms": (float, ...)},
     "gc": {"rank": (int, ...), "every": (int, ...), "pause_ms": (float, ...)},
 }
 _CHOICES = {("straggler", "section"): ("compute", "dataloader"),
-            ("hang", "where"): ("compute", "collective", "p2p", "in_collective", "in_p2p"),
+            ("hang", "where"): ("compute", "dataloader", "collective", "p2p", "in_collective", "in_p2p"),
             ("slowlink", "group"): ("tp", "dp", "pp")}
 
 
@@ -130,6 +134,12 @@ class FaultInjector:
         self._patched: dict[str, Any] = {}
         self._entry_patched: dict[str, tuple[Any, Any]] = {}
         self._hang_armed = True
+        self._oversleep_s = 0.0
+        """How much longer than asked the previous stretches slept (scheduler wake-up
+        latency on a loaded machine); the next stretch sleeps that much less."""
+        self._comm_spans: list[tuple[float, float]] = []
+        """(start, end) perf_counter times of the blocking comm calls since the open section
+        began (a straggler's stretch leaves them out: see :meth:`stretch`)."""
 
     def _of(self, kind: str) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind]
@@ -137,6 +147,7 @@ class FaultInjector:
     # ---- called by the training loop ----------------------------------------------------
     def step_start(self, step: int) -> None:
         self.step = step
+        self._oversleep_s = 0.0
         for f in self._of("crash"):
             if step >= f.get("step"):
                 os._exit(CRASH_EXIT_CODE)  # a hard crash: no cleanup, no flush
@@ -160,20 +171,45 @@ class FaultInjector:
             time.sleep(rest)
 
     def stretch(self, step: int, section: str, started: float) -> None:
-        """Make a section F times as long (call at its end with its perf_counter start)."""
+        """Make a section's own work F times as long (call at its end with its perf_counter
+        start).
+
+        Own work is the section's wall time minus the time spent in blocking communication
+        inside it (a forward pass holds TP all-reduces, which wait for the slowest peer):
+        stretching the wall time instead made the injected delay grow with the time spent
+        *waiting for others* - a "1.5x" straggler on a loaded CPU machine, whose sections
+        are mostly waits, ran its own compute 5-8x as long as its peers'.
+        """
+        if section == "dataloader":
+            for f in self._of("hang"):
+                if f.get("where") == "dataloader" and step >= f.get("step"):
+                    hang_forever()
         for f in self._of("straggler"):
-            if f.get("section") == section and step >= f.get("from_step"):
+            until = f.get("until_step")
+            if f.get("section") == section and step >= f.get("from_step") and (until < 0 or step < until):
                 if self.device is not None and self.device.type == "cuda":
                     import torch
 
                     torch.cuda.synchronize(self.device)
-                elapsed = time.perf_counter() - started
-                time.sleep(elapsed * (f.get("factor") - 1.0))
+                now = time.perf_counter()
+                waited = sum(max(0.0, min(b, now) - max(a, started)) for a, b in self._comm_spans)
+                self._sleep(max(now - started - waited, 0.0) * (f.get("factor") - 1.0))
+        self._comm_spans = [s for s in self._comm_spans if s[1] > time.perf_counter()]
+
+    def _sleep(self, want_s: float) -> None:
+        """Sleep ``want_s``, less the previous stretch's wake-up lateness (several ms per
+        sleep when the CPUs are oversubscribed), but never less than half of ``want_s``:
+        a rank that sleeps in every section is then not slowed by the scheduler on top of
+        its injected factor, and one long descheduling does not cancel later stretches."""
+        ask = max(want_s - self._oversleep_s, 0.5 * want_s)
+        t0 = time.perf_counter()
+        time.sleep(ask)
+        self._oversleep_s = min(max(time.perf_counter() - t0 - ask, 0.0), want_s)
 
     # ---- below the tracing layer ------------------------------------------------------
     def install_comm(self) -> None:
         """Patch ``torch.distributed`` for slow links and comm hangs (before hooks init)."""
-        if not (self._of("slowlink") or self._hangs("in_collective", "in_p2p")):
+        if not (self._of("slowlink") or self._of("straggler") or self._hangs("in_collective", "in_p2p")):
             return
         self._patch(self._wrap)
 
@@ -253,7 +289,14 @@ class FaultInjector:
                     if is_async:
                         return _HungWork()
                     hang_forever()
-            return fn(*args, **kwargs)
+            if not self._of("straggler"):
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:  # the time this call blocked, left out of a stretched section
+                self._comm_spans.append((t0, time.perf_counter()))
+                del self._comm_spans[:-256]
 
         injected.__wrapped__ = fn  # type: ignore[attr-defined]
         return injected

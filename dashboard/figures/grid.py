@@ -106,11 +106,8 @@ def build_grid(
     custom = np.full((panels.height, panels.width), None, dtype=object)
     for i in np.flatnonzero(ok).tolist():
         custom[ys[i], xs[i]] = [int(rank[i]), int(stage[i]), int(dp[i]) * bucket, int(tp[i])]
-    known = score[~np.isnan(score)]
-    cmin = float(known.min()) if known.size else 0.0
-    cmax = float(known.max()) if known.size else 1.0
-    if cmax - cmin < 1e-9:
-        cmax = cmin + 1.0
+    cmin, cmax, capped = grid_scale(score, float(data.get("slow_score") or 1.10))
+    one_tick = cmin + 0.15 * (cmax - cmin) < 1.0 < cmax - 0.15 * (cmax - cmin)  # room for a "1.00" tick
     label = data.get("score_label", "straggler score")
     dp_text = "dp%{customdata[2]}" + (f" (+{bucket - 1}: worst of {bucket} replicas)" if bucket > 1 else "")
     small = panels.n_dp <= 16 and panels.tp <= 16
@@ -121,7 +118,10 @@ def build_grid(
                          f"<br>{label}: %{{z:.2f}}<extra></extra>",
         "colorscale": colorscale_json(palette.SCALAR_COLORSCALE), "zmin": cmin, "zmax": cmax,
         "xgap": 1 if small else 0, "ygap": 1 if small else 0,
-        "colorbar": {"title": {"text": label, "side": "right"}, "thickness": 12},
+        "colorbar": {"title": {"text": label, "side": "right"}, "thickness": 12, "tickmode": "array",
+                     "tickvals": [cmin, 1.0, cmax] if one_tick else [cmin, cmax],
+                     "ticktext": ([f"{cmin:.2f}", "1.00"] if one_tick else [f"{cmin:.2f}"])
+                                 + [f"≥{cmax:.2f} (cap)" if capped else f"{cmax:.2f}"]},
     }]  # fmt: skip
     traces += _state_markers(cells, xs, ys, ok)
     meta = grid_meta(data, len(traces))
@@ -146,6 +146,27 @@ def build_grid(
     # The y axis holds tp numbers and the title "tp".
     fixed_margins(layout, l=label_px(layout["yaxis"]["ticktext"]) + 34, b=X_TITLE_PX)
     return {"data": traces, "layout": layout}
+
+
+GRID_CAP = 2.0
+"""The grid's colour scale ends at this score (2x its stage's own work); above it is the
+top colour, so one rank at 5x (a stalled data loader) leaves a 1.2x rank visible."""
+
+
+def grid_scale(score: np.ndarray, slow_score: float = 1.10) -> tuple[float, float, bool]:
+    """(zmin, zmax, capped) of the grid's colour scale: from just below the typical rank
+    (the 5th percentile, at most 0.98) to the highest score, at least 1.2x the slow
+    threshold's excess (a 1.2x rank is near the top colour when nothing is slower) and
+    at most :data:`GRID_CAP`."""
+    known = score[np.isfinite(score)]
+    if not known.size:
+        return 0.0, 1.0, False
+    lo = min(float(np.percentile(known, 5)), 0.98)
+    top = float(known.max())
+    hi = min(max(top, 1.0 + 2.5 * (slow_score - 1.0)), GRID_CAP)
+    if hi - lo < 1e-9:
+        hi = lo + 0.1
+    return round(lo, 3), round(hi, 3), top > hi
 
 
 def _ticks(panels: Panels, axis: str, bucket: int) -> dict[str, Any]:

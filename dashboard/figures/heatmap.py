@@ -17,6 +17,7 @@ from fleetscope.dashboard.figures.common import (
     X_TITLE_PX,
     base_layout,
     fixed_margins,
+    fmt_ms,
     label_px,
     message_figure,
 )
@@ -99,10 +100,43 @@ def build_heatmap(
         )
     base_layout(fig, height=height, title=dict(text=title, x=0.01, font_size=14), margin=dict(r=170, l=10, t=36, b=30))
     out = fig.to_dict()
-    out["data"][0].update(z=z, x=steps, y=labels, customdata=ranks_cells)
+    scale = data.get("scale") or {}
+    off = set(scale.get("off_scale_steps") or [])
+    z_on = z
+    if off:  # the in-progress / hung step(s) leave the colour scale: drawn apart, in grey
+        cols = [j for j, st in enumerate(steps) if st in off]
+        z_on = [[None if j in cols else v for j, v in enumerate(row)] for row in z]
+        out["data"].append(_off_scale_trace(z, steps, labels, ranks_cells, cols, unit, data.get("label", "")))
+        top = max((v for row in z for j, v in enumerate(row) if j in cols and v is not None), default=0.0)
+        out["layout"].setdefault("annotations", []).append(dict(
+            text=f"grey: step {', '.join(str(st) for st in sorted(off))} off the scale "
+                 f"(in progress or hung; up to {fmt_ms(top) if unit == 'ms' else f'{top:g} {unit}'})",
+            xref="paper", yref="paper", x=1.0, y=1.01, xanchor="right", yanchor="bottom", showarrow=False,
+            font=dict(size=11, color="#57606a")))
+    out["data"][0].update(z=z_on, x=steps, y=labels, customdata=ranks_cells)
+    if scale.get("zmin") is not None and scale.get("zmax") is not None:
+        lo, hi = float(scale["zmin"]), float(scale["zmax"])
+        capped = bool(scale.get("num_capped")) or bool(off)
+        out["data"][0].update(zmin=lo, zmax=hi, zauto=False)
+        ticks = [lo, (lo + hi) / 2, hi]
+        out["data"][0]["colorbar"].update(
+            tickmode="array", tickvals=ticks,
+            ticktext=[f"{t:.3g}" for t in ticks[:-1]] + [f"≥{hi:.3g} (cap)" if capped else f"{hi:.3g}"])
     out["layout"]["shapes"] = separators + list(out["layout"].get("shapes", []))
     fixed_margins(out["layout"], l=label_px(ticktext) + 12, b=X_TITLE_PX)
     return out
+
+
+def _off_scale_trace(z, steps, labels, ranks_cells, cols, unit, label) -> dict[str, Any]:
+    """The off-scale columns as their own grey heat-map (no colour bar), values in hover."""
+    zz = [[v if j in cols else None for j, v in enumerate(row)] for row in z]
+    return {
+        "type": "heatmap", "name": "off scale", "z": zz, "x": steps, "y": labels, "customdata": ranks_cells,
+        "colorscale": [[0, "#d0d7de"], [1, "#8c959f"]], "showscale": False, "hoverongaps": False,
+        "ygap": 1 if len(labels) <= 64 else 0,
+        "hovertemplate": f"%{{y}}<br>step %{{x}} · rank %{{customdata}}<br>{label}: %{{z:.1f}} {unit}"
+                         "<br>off the colour scale (in progress or hung)<extra></extra>",
+    }  # fmt: skip
 
 
 def heatmap_meta(data: dict[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,8 @@ def enqueue_incident(session: Session, inc: Incident, now_ns: int, base_url: str
     Returns the number of rows added.
     """
     resolved = inc.status == "resolved"
+    # a hang incident whose culprit was corrected pages the correction once per revision
+    revision = int(json.loads(inc.evidence or "{}").get("culprit_revision", 0) or 0)
     rules = list(session.scalars(select(AlertRule).where(AlertRule.enabled.is_(True))))
     hooks = list(session.scalars(select(Webhook).where(Webhook.enabled.is_(True))))
     added = 0
@@ -52,11 +54,12 @@ def enqueue_incident(session: Session, inc: Incident, now_ns: int, base_url: str
             if resolved and not _exists(session, base + ":firing"):
                 continue
             status = "resolved" if resolved else "firing"
-            if _exists(session, f"{base}:{status}"):
+            key = f"{base}:{status}" if resolved or not revision else f"{base}:firing:r{revision}"
+            if _exists(session, key):
                 continue
             alert = incident_alert(inc, rule, status, base_url)
             row = AlertOutbox(webhook_id=hook.id, incident_id=inc.id, rule_id=rule.id,
-                              dedup_key=f"{base}:{status}", group_key=group_key_of(alert),
+                              dedup_key=key, group_key=group_key_of(alert),
                               alert_status=status, alert=dumps(alert), status="pending",
                               next_attempt_ns=now_ns, created_ns=now_ns)
             try:

@@ -18,8 +18,9 @@ from .loop import config_from_settings, diagnose_job, job_info
 
 FINDING_EXAMPLE = {
     "kind": "slow_compute", "job": "demo", "ranks": [5], "score": 4.2,
-    "summary": "rank 5 (r5 pp1 dp0 tp1) own work 31% above its stage peers", "severity": "warning",
+    "summary": "rank 5 (r5 pp1 dp0 tp1): compute 1.50x its stage peers; job ~19% slower", "severity": "warning",
     "hosts": ["node-1"], "group_id": "", "first_step": 10, "last_step": 41, "est_slowdown": 0.19,
+    "factor": 1.5, "component": "compute",
     "key": "slow_compute:5",
     "evidence": {"busy_ms": 131.2, "peer_busy_ms": 100.1, "components_excess_ms": {"compute": 30.9},
                  "last_arrival_frac": 0.92, "predicted_step_ms": 206.4, "step_ms_if_fixed": 172.9,
@@ -40,6 +41,10 @@ class FindingOut(BaseModel):
     first_step: int
     last_step: int
     est_slowdown: float = Field(description="estimated fractional job slowdown (0.1 = 10%)")
+    factor: float = Field(0.0, description="stragglers: the slow component's time / its peers' "
+                                           "(median per-step ratio since onset; 1.5 = 50% longer); 0: n/a")
+    component: str = Field("", description="what factor measures: compute, data loading, optimizer, "
+                                           "untimed host work, own work, <axis> link")
     key: str
     evidence: dict[str, Any]
 

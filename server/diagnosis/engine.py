@@ -17,11 +17,12 @@ from fleetscope.topology import Topology
 
 from .breakdown import BREAKDOWN_COLUMNS, rank_step_breakdown, reduced_arrivals
 from .findings import STRAGGLER_KINDS, Finding, FindingKind, HangAnalysis
-from .hangs import HangConfig, analyse_hang, detect_mismatches
+from .hangs import HangConfig, analyse_hang, detect_mismatches, keep_culprits
 from .health import detect_hardware_errors, detect_heartbeat_loss, detect_silence, hardware_evidence
 from .loader import JobFrames
 from .mfu import MfuConfig, detect_mfu_drop, mfu_series
 from .progress import progress_stall
+from .story import fold_secondary
 from .stragglers import StragglerConfig, detect_stragglers
 from .whatif import StepProfile, profile_from_frames
 
@@ -133,9 +134,12 @@ def add_arrival_evidence(findings: list[Finding], red, bd: pd.DataFrame, config)
 
 
 def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
-                  config: DiagnosisConfig = DiagnosisConfig()) -> tuple[HangAnalysis, list[Finding]]:
+                  config: DiagnosisConfig = DiagnosisConfig(),
+                  previous: HangAnalysis | None = None) -> tuple[HangAnalysis, list[Finding]]:
     """The hang analysis alone (cheap: no straggler/what-if/MFU work) and its findings:
-    the hang (hosts, heartbeat loss folded in) or, without one, heartbeat losses."""
+    the hang (hosts, heartbeat loss folded in) or, without one, heartbeat losses.
+    ``previous`` is the job's previous hang analysis (culprit stickiness, see
+    :func:`.hangs.keep_culprits`)."""
     topo = info.topology
     if info.status not in ("running", "failed", "lost"):
         return HangAnalysis(info.job, False, 0, 0.0, config.hang.hang_min_s, frames.last_step), []
@@ -153,6 +157,7 @@ def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
                         frames.heartbeats, frames.progress, info.start_ns, frames.last_seen,
                         hc, job_failed=info.status == "failed", rank_last_step=rank_last,
                         progress_stall=op, warmup_step=frames.first_step)
+    hang = keep_culprits(previous, hang)
     hosts = frames.hosts
     host_data = {}
     if not frames.steps.empty:
@@ -172,7 +177,8 @@ def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
 
 
 def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
-             config: DiagnosisConfig = DiagnosisConfig()) -> JobDiagnosis:
+             config: DiagnosisConfig = DiagnosisConfig(),
+             previous: HangAnalysis | None = None) -> JobDiagnosis:
     """All findings for one job at ``now_ns``, strongest first within each detector."""
     topo = info.topology
     hosts = frames.hosts
@@ -196,7 +202,7 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
         findings += detect_mismatches(info.job, red.mismatch_rows)
     else:
         findings += detect_mismatches(info.job, frames.collectives)
-    hang, hang_findings = diagnose_hang(info, frames, now_ns, config)
+    hang, hang_findings = diagnose_hang(info, frames, now_ns, config, previous)
     mfu = mfu_series(frames.step_times, info.model_flops_per_step, info.device_peak_flops,
                      topo.world_size)
     mfu_finding = detect_mfu_drop(info.job, mfu, bd, config.mfu)
@@ -208,6 +214,7 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
         findings += hang_findings  # heartbeat losses
     findings += detect_hardware_errors(info.job, frames.log_events, frames.metrics, hosts)
     add_hardware_evidence(findings, frames)
+    findings = fold_secondary(findings, topo)
     return JobDiagnosis(info.job, now_ns, findings, hang, mfu, bd, arr, profile)
 
 

@@ -90,6 +90,13 @@ class Finding:
     last_step: int = -1
     est_slowdown: float = 0.0
     """Estimated fractional job slowdown caused (0.12 = step time 12% longer)."""
+    factor: float = 0.0
+    """Stragglers: how many times its peers' time the slow ``component`` takes (median
+    over the judged steps of the per-step ratio to the peers' median; 1.5 = 50% longer).
+    0 where it does not apply."""
+    component: str = ""
+    """Stragglers: what ``factor`` measures - ``compute``, ``data loading``, ``optimizer``,
+    ``untimed host work``, ``own work`` (GC-like pauses) or ``<axis> link``."""
     evidence: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property

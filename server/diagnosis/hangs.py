@@ -23,7 +23,7 @@ rank that died first and was last seen earliest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -445,3 +445,42 @@ def detect_mismatches(job: str, collectives: pd.DataFrame) -> list[Finding]:
             evidence={"seq": int(seq), "calls": {str(r): s for r, s in zip(rows["rank"], sig)}},
         ))
     return out
+
+
+def keep_culprits(previous: HangAnalysis | None, new: HangAnalysis) -> HangAnalysis:
+    """Culprit stickiness: while the job stays hung (the same hang: same last step), the
+    culprits named first stay the culprits unless new evidence changes them, so the API,
+    the UI, the incident and the page agree for as long as the job is hung.
+
+    Evidence that changes them: a culprit named now is dead and was not before (a
+    process death is a fact, not a snapshot), or a previous culprit now waits in an op
+    on another rank (it was not the root after all), or the previous verdict had no
+    culprit. Otherwise the later analysis - whose in-flight records age, whose waiting
+    ranks' records go stale one by one - keeps the first culprits and records its own
+    candidates in ``evidence["latest_candidates"]``. A change is recorded in
+    ``evidence["culprit_changed"]`` (from, to, why), which the incident reports and pages.
+    """
+    if previous is None or not previous.stalled or not new.stalled or previous.last_step != new.last_step:
+        return new
+    if set(new.culprits) == set(previous.culprits) or not previous.culprits:
+        carried = previous.evidence.get("culprit_changed")
+        return replace(new, evidence={**new.evidence, "culprit_changed": carried}) if carried else new
+    why = ""
+    was_dead = set(previous.evidence.get("dead_ranks", []))
+    now_dead = set(new.evidence.get("dead_ranks", []))
+    newly_dead = sorted((set(new.culprits) & now_dead) - was_dead)
+    blocked = set(new.evidence.get("blocked_ranks", []))
+    waiting_old = sorted(r for r in previous.culprits if r in blocked and r not in new.culprits)
+    if newly_dead and not new.evidence.get("all_dead"):
+        why = f"rank(s) {newly_dead} died"
+    elif waiting_old and any(e[0] in waiting_old for e in new.chain):
+        why = f"rank(s) {waiting_old} now wait in an op on another rank"
+    if why:
+        change = {"from": list(previous.culprits), "to": list(new.culprits), "why": why}
+        return replace(new, evidence={**new.evidence, "culprit_changed": change})
+    ev = {**new.evidence, "latest_candidates": list(new.culprits), "culprits_kept_since_ns": previous.stalled_since_ns}
+    for key in ("culprit_changed", "culprit_hosts", "num_waiting_on_culprit", "group_ops", "other_roots"):
+        if key in previous.evidence:
+            ev[key] = previous.evidence[key]
+    return replace(new, culprits=previous.culprits, hang_class=previous.hang_class,
+                   group_id=previous.group_id, chain=previous.chain, evidence=ev)

@@ -70,8 +70,11 @@ def sync_incidents(session: Session, job: str, findings: list[Finding], now_ns: 
                 inc.last_seen_ns = now_ns
                 continue
         material = what == "opened" or _material(inc, f)
+        summary = f.summary
+        if what == "updated" and f.kind.value == "hang":
+            summary = _culprit_revision(inc, f, d)
         inc.severity = f.severity.value
-        inc.summary = f.summary
+        inc.summary = summary
         inc.ranks = dumps(d["ranks"])
         inc.hosts = dumps(d["hosts"])
         inc.group_id = f.group_id
@@ -98,6 +101,28 @@ def sync_incidents(session: Session, job: str, findings: list[Finding], now_ns: 
             changes.append(Change(inc, "resolved"))
     session.commit()
     return changes
+
+
+def _culprit_revision(inc: Incident, f: Finding, d: dict) -> str:
+    """A hang incident whose culprits change: count the revision in the evidence
+    (``culprit_revision``: the alert outbox pages each revision once) and say so in the
+    summary. Returns the summary to store."""
+    old_ev = json.loads(inc.evidence or "{}")
+    rev = int(old_ev.get("culprit_revision", 0))
+    old_ranks = json.loads(inc.ranks or "[]")
+    ev = d["evidence"]
+    if old_ranks and sorted(old_ranks) != sorted(f.ranks):
+        rev += 1
+        why = (ev.get("culprit_changed") or {}).get("why", "new evidence")
+        ev["culprit_corrections"] = old_ev.get("culprit_corrections", []) + [
+            {"from": old_ranks, "to": list(f.ranks), "why": why}]
+    elif old_ev.get("culprit_corrections"):
+        ev["culprit_corrections"] = old_ev["culprit_corrections"]
+    if rev:
+        ev["culprit_revision"] = rev
+        last = ev["culprit_corrections"][-1]
+        return f"culprit corrected from {last['from']} to {last['to']} ({last['why']}); {f.summary}"
+    return f.summary
 
 
 def _material(inc: Incident, f: Finding) -> bool:

@@ -76,13 +76,15 @@ def job_info(row: Job) -> JobInfo:
 
 
 def diagnose_job(store: Any, info: JobInfo, now_ns: int, config: DiagnosisConfig,
-                 host_seen_ns: dict[str, int] | None = None, cache: StepCache | None = None) -> JobDiagnosis:
-    """Load one job's window, reduced by the store (:mod:`.rollups`), and run every detector."""
+                 host_seen_ns: dict[str, int] | None = None, cache: StepCache | None = None,
+                 previous: Any = None) -> JobDiagnosis:
+    """Load one job's window, reduced by the store (:mod:`.rollups`), and run every detector
+    (``previous``: the job's previous hang analysis, for culprit stickiness)."""
     frames = load_reduced_frames(store, info.job, now_ns, cache if cache is not None else _DEFAULT_CACHE,
                                  info.topology.world_size, info.num_microbatches,
                                  window_steps=config.stragglers.window_steps)
     frames.host_seen_ns = dict(host_seen_ns or {})
-    return diagnose(info, frames, now_ns, config)
+    return diagnose(info, frames, now_ns, config, previous)
 
 
 class DiagnosisLoop(PeriodicAlertingService):
@@ -264,7 +266,9 @@ class DiagnosisLoop(PeriodicAlertingService):
         """Diagnose one job now: incidents, alert rows, when its stall rules are next due."""
         now_ns = time.time_ns()
         info = job_info(row)
-        result = diagnose_job(self.app.state.store, info, now_ns, self.config, self._host_seen(), self.cache)
+        prev = self.latest.get(info.job)
+        result = diagnose_job(self.app.state.store, info, now_ns, self.config, self._host_seen(),
+                              self.cache, prev.hang if prev is not None else None)
         self.latest[info.job] = result
         self._set_lost(row, result.findings)
         self._last_tick[info.job] = self.num_ticks
@@ -295,9 +299,10 @@ class DiagnosisLoop(PeriodicAlertingService):
                                      info.num_microbatches, window_steps=self.config.stragglers.window_steps,
                                      hardware=False, hang_only=True)
         frames.host_seen_ns = self._host_seen()
-        hang, findings = diagnose_hang(info, frames, now_ns, self.config)
-        self._schedule(info.job, hang.due_in_s, now_ns)
         cached = self.latest.get(info.job)
+        hang, findings = diagnose_hang(info, frames, now_ns, self.config,
+                                       cached.hang if cached is not None else None)
+        self._schedule(info.job, hang.due_in_s, now_ns)
         if cached is not None:
             cached.hang = hang
         findings = [f for f in findings if f.kind == FindingKind.HANG or f.evidence.get("silence")]

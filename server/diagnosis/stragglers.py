@@ -25,7 +25,7 @@ Method (no per-scenario tuning; every threshold comes from the data's own noise)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,17 @@ COMPONENT_KIND = {
     "untimed_ns": FindingKind.LATE_ARRIVAL,
     "other_ns": FindingKind.LATE_ARRIVAL,
 }
+MEASURED = ("compute_ns", "dataloader_ns", "optimizer_ns", "untimed_ns")
+"""Components tested on their own (``other_ns`` - e.g. a gradient-sync section net of
+its communication - is too small and noisy to judge alone)."""
+COMPONENT_NAME = {
+    "compute_ns": "compute",
+    "optimizer_ns": "optimizer",
+    "dataloader_ns": "data loading",
+    "untimed_ns": "untimed host work",
+    "other_ns": "other timed host work",
+}
+"""The operator's word for each component of own work (``Finding.component``)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,21 @@ class StragglerConfig:
     """Smallest relative excess of a group's link time reported (50%)..."""
     link_min_step_frac: float = 0.02
     """...that also costs at least this fraction of the step time."""
+    scan_min_steps: int = 3
+    """Sequential test: the shortest run of latest steps a slowdown is judged on."""
+    scan_z: float = 4.5
+    """Sequential test: standard errors above the noise over the run (higher than ``z``:
+    every run length from ``scan_min_steps`` to the window is tried)."""
+    levels: tuple[float, ...] = (1.03, 1.06, 1.1, 1.2, 1.4, 2.0)
+    """Sequential exceedance test: slowdown levels (ratios to the peers' median)..."""
+    level_alpha: float = 1e-6
+    """...a run whose count of steps above a level is this unlikely under the other
+    ranks' rate of exceeding it (binomial tail) is a straggler."""
+    min_step_frac: float = 0.01
+    """A straggler's excess must also cost at least this fraction of the step time."""
+    spike_alpha: float = 1e-3
+    """GC-like pauses: a rank's spike count must be this unlikely under the other ranks'
+    spike rate (Poisson), so machine-load spikes scattered over ranks name nobody."""
 
 
 def _window(bd: pd.DataFrame, n: int) -> pd.DataFrame:
@@ -156,85 +182,232 @@ def detect_stragglers(
         groups.setdefault(topo.stage(r), []).append(idx[r])
     grid = _Grid(bd, ranks, steps)
     busy = grid.matrix("busy_ns")
-    ref = _reference(busy, list(groups.values()))
+    stage_groups = list(groups.values())
+    ref = _reference(busy, stage_groups)
     lr = _log_ratio(busy, ref)
     sigma = _sigma(lr)
     k = min(config.recent_steps, len(steps))
-    recent = lr[:, -k:]
     thr = max(math.log1p(config.min_effect), config.z * 1.2533 * sigma / math.sqrt(k))
-    med_recent = np.median(recent, axis=1)
-    frac = (recent > thr / 2).mean(axis=1)
-    persistent = (med_recent > thr) & (frac >= config.persist_frac)
+    persistent, score_busy, run_busy = _scan(lr, sigma, config)
     spike_thr = max(math.log1p(config.spike_min_effect), config.spike_z * sigma)
     spikes = (lr > spike_thr).sum(axis=1)
     step_ns = float(np.median(grid.matrix("step_ns")))
+    run_n = np.maximum(run_busy, 1)
+    busy_ex = np.array([np.median(busy[i, -n:] - ref[i, -n:]) for i, n in enumerate(run_n)])
+    persistent &= busy_ex >= np.maximum(config.min_effect * np.array(
+        [np.median(ref[i, -n:]) for i, n in enumerate(run_n)]), config.min_step_frac * step_ns)
 
     comps = {c: grid.matrix(c) for c in COMPONENT_KIND}
-    comp_refs = {c: _reference(m, list(groups.values())) for c, m in comps.items()}
+    comp_refs = {c: _reference(m, stage_groups) for c, m in comps.items()}
     # a component can be significant on its own while the busy total is too noisy to show
     # it (a slow data loader inside a long step): same test, plus a materiality floor
-    material = config.min_effect * np.median(ref[:, -k:], axis=1)
     comp_hit: dict[str, np.ndarray] = {}
-    comp_med: dict[str, np.ndarray] = {}
-    for c in ("compute_ns", "dataloader_ns", "optimizer_ns", "untimed_ns"):
+    comp_score: dict[str, np.ndarray] = {}
+    comp_run: dict[str, np.ndarray] = {}
+    comp_lr: dict[str, np.ndarray] = {}
+    for c in MEASURED:
         lr_c = _log_ratio(comps[c], comp_refs[c])
-        sig_c = _sigma(lr_c)
-        thr_c = max(math.log1p(config.min_effect), config.z * 1.2533 * sig_c / math.sqrt(k))
-        med_c = np.median(lr_c[:, -k:], axis=1)
-        ex_c = np.median(comps[c][:, -k:] - comp_refs[c][:, -k:], axis=1)
-        comp_med[c] = med_c / thr_c
-        significant = (med_c > thr_c) & ((lr_c[:, -k:] > thr_c / 2).mean(axis=1) >= config.persist_frac)
-        comp_hit[c] = (significant | _top_test(comps[c], groups, config)) & (ex_c >= material)
+        comp_lr[c] = lr_c
+        hit, sc, run = _scan(lr_c, _sigma(lr_c), config)
+        top = _top_test(comps[c], groups, config)
+        run = np.where(hit, run, np.where(top, min(config.top_steps, len(steps)), k))
+        ex_c = np.array([np.median(comps[c][i, -n:] - comp_refs[c][i, -n:]) for i, n in enumerate(run)])
+        material = np.maximum(config.min_effect * np.array([np.median(ref[i, -n:]) for i, n in enumerate(run)]),
+                              config.min_step_frac * step_ns)
+        comp_hit[c] = (hit | top) & (ex_c >= material)
+        comp_score[c], comp_run[c] = sc, run
+    suspects = [r for r in ranks if persistent[idx[r]] or any(comp_hit[c][idx[r]] for c in comp_hit)]
     evidence = _arrival_evidence(arrivals, steps[-k:])
+    waiting = _waiting_peers(arrivals, steps[-k:])
     findings: list[Finding] = []
     for r in ranks:
         i = idx[r]
-        excess_ns = float(np.median(busy[i, -k:] - ref[i, -k:]))
-        base = {
-            "busy_ms": round(float(np.median(busy[i, -k:])) / 1e6, 3),
-            "peer_busy_ms": round(float(np.median(ref[i, -k:])) / 1e6, 3),
-            "excess_ms": round(excess_ns / 1e6, 3),
-            "noise_sigma": round(sigma, 4),
-            "threshold": round(thr, 4),
-            "stage": topo.stage(r),
-            "peers": [ranks[j] for j in groups[topo.stage(r)] if j != i],
-            "components_excess_ms": {
-                c[:-3]: round(float(np.median(comps[c][i, -k:] - comp_refs[c][i, -k:])) / 1e6, 3)
-                for c in COMPONENT_KIND
-            },
-            **evidence.get(r, {}),
-        }
         hits = [c for c in comp_hit if comp_hit[c][i]]
         if persistent[i] or hits:
-            ex = {c: float(np.median(comps[c][i, -k:] - comp_refs[c][i, -k:])) for c in COMPONENT_KIND}
-            if not persistent[i]:
-                ex = {c: ex[c] for c in hits}
-            kind = COMPONENT_KIND[max(ex, key=lambda c: ex[c])]
-            score = float(med_recent[i] / thr) if persistent[i] else float(max(comp_med[c][i] for c in hits))
+            n = int(run_busy[i]) if persistent[i] else int(max(comp_run[c][i] for c in hits))
+            n = max(n, min(config.scan_min_steps, len(steps)))
+            above = lr[i] > thr / 2
+            first = steps[_run_start(above)] if above.any() else steps[-n]
+            # the magnitudes are measured over the steps since the onset (not before it)
+            n = max(len(steps) - steps.index(first), min(config.scan_min_steps, len(steps)))
+            ex = {c: float(np.median(comps[c][i, -n:] - comp_refs[c][i, -n:])) for c in COMPONENT_KIND}
+            pick = ex if persistent[i] else {c: ex[c] for c in hits}
+            comp = max(pick, key=lambda c: pick[c])
+            kind = COMPONENT_KIND[comp]
+            score = float(score_busy[i]) if persistent[i] else float(max(comp_score[c][i] for c in hits))
+            excess_ns = float(np.median(busy[i, -n:] - ref[i, -n:]))
+            factor = _factor(comps[comp][i, -n:], comp_refs[comp][i, -n:])
+            busy_factor = _factor(busy[i, -n:], ref[i, -n:])
+            base = _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, sigma, thr)
+            base.update(evidence.get(r, {}))
             base["significant_components"] = [c[:-3] for c in hits]
-            above = np.nonzero(lr[i] > thr / 2)[0]
-            run_start = _run_start(lr[i] > thr / 2)
-            findings.append(_finding(
-                job, kind, [r], score, steps[run_start] if len(above) else steps[-k],
-                steps[-1], hosts, profile, excess_ns / max(step_ns, 1.0), base,
-                f"rank {r} ({topo.label(r)}) {kind.value.replace('_', ' ')}: own work "
-                f"{math.expm1(med_recent[i]):.0%} above its stage peers",
-            ))
-        elif spikes[i] >= max(config.min_spikes, 2 + 2 * float(np.median(spikes))) and spikes[i] <= 0.6 * len(steps):
+            base.update(component=COMPONENT_NAME[comp], factor=round(factor, 3),
+                        own_work_factor=round(busy_factor, 3), judged_steps=n,
+                        component_ms=round(float(np.median(comps[comp][i, -n:])) / 1e6, 3),
+                        peer_component_ms=round(float(np.median(comp_refs[comp][i, -n:])) / 1e6, 3),
+                        waiting_peers=waiting.get(r, []))
+            f = _finding(job, kind, [r], score, first, steps[-1], hosts, profile,
+                         excess_ns / max(step_ns, 1.0), base, "", suspects=suspects)
+            findings.append(replace(f, factor=round(factor, 3), component=COMPONENT_NAME[comp],
+                                    summary=_summary(topo, r, COMPONENT_NAME[comp], factor, f.est_slowdown)))
+        elif _pauses(spikes, i, len(steps), config):
             spike_steps = [steps[j] for j in np.nonzero(lr[i] > spike_thr)[0]]
             pause_ns = float(np.median((busy[i] - ref[i])[lr[i] > spike_thr]))
             mean_cost = pause_ns * spikes[i] / len(steps) / max(step_ns, 1.0)
+            base = _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, k, sigma, thr)
+            base.update(evidence.get(r, {}))
             findings.append(_finding(
                 job, FindingKind.GC_PAUSE, [r], float(spikes[i] / max(config.min_spikes, 1)),
                 spike_steps[0], spike_steps[-1], hosts, None, mean_cost,
                 {**base, "spike_steps": spike_steps, "median_pause_ms": round(pause_ns / 1e6, 3),
-                 "num_spikes": int(spikes[i]), "num_steps": len(steps)},
+                 "num_spikes": int(spikes[i]), "num_steps": len(steps), "component": "own work",
+                 "factor": round(math.exp(float(np.median(lr[i][lr[i] > spike_thr]))), 3)},
                 f"rank {r} ({topo.label(r)}) pauses intermittently: {int(spikes[i])} of {len(steps)} "
                 f"steps ~{pause_ns / 1e6:.0f} ms longer",
             ))
     flagged = {r for f in findings for r in f.ranks}
     findings += _slow_links(job, topo, arrivals, steps, flagged, step_ns, hosts, profile, config)
     return sorted(findings, key=lambda f: (-f.est_slowdown, -f.score))
+
+
+SCAN_LENGTHS = (3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+
+
+def _run_lengths(num_steps: int, config: StragglerConfig) -> list[int]:
+    lo = min(config.scan_min_steps, num_steps)
+    return sorted({n for n in SCAN_LENGTHS if lo <= n <= num_steps} | {num_steps, lo})
+
+
+def _robust_sigma(lr: np.ndarray) -> float:
+    """Noise scale of log ratios that heavy tails cannot shrink: the larger of the MAD's
+    and the upper tail's Gaussian-equivalent scale ((q90 - q50) / 1.2816). On a loaded
+    host a third of the rank-steps may run 1.5-2.5x slow at random; the MAD alone then
+    measures the quiet two thirds only."""
+    med = float(np.median(lr))
+    tail = (float(np.quantile(lr, 0.9)) - med) / 1.2816
+    return max(_sigma(lr), tail, 1e-3)
+
+
+def _binom_sf(h: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:
+    """P(Binomial(n, p) >= h), element-wise (h, p arrays of one shape)."""
+    j = np.arange(n + 1)
+    logc = np.array([math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) for k in j])
+    p = np.clip(p, 1e-12, 1 - 1e-12)[..., None]
+    terms = np.exp(logc + j * np.log(p) + (n - j) * np.log1p(-p))
+    return np.where(j >= h[..., None], terms, 0.0).sum(axis=-1)
+
+
+def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sequential test on log ratios (ranks x steps, oldest first) over runs of the latest
+    ``n`` steps, ``scan_min_steps <= n <= steps``; a rank is flagged by either
+
+    * the *median* test: the run's median is above ``max(log(1 + min_effect),
+      scan_z x 1.2533 sigma / sqrt(n))`` with most of its steps above half of that
+      (``sigma``: :func:`_robust_sigma`); or
+    * the *exceedance* test (distribution-free): for a level ``L`` of ``levels``, the
+      number ``h`` of the run's steps above ``log L`` is so high that
+      P(Binomial(n, p_L) >= h) < ``level_alpha``, where ``p_L`` is how often the other
+      ranks' steps exceed ``L`` in the window; ``h >= persist_frac x n`` and the run's
+      median is above ``log(1 + min_effect)``. Machine load that slows random ranks at
+      random steps raises ``p_L`` for everyone; a straggler is above ``L`` every step.
+
+    Evidence accumulates with ``n``: a large slowdown is named after a few steps, a small
+    one once enough steps back it; one spike never is. Returns (flagged, score: > 1 beyond
+    the threshold, the longest flagged run length) per rank."""
+    num_ranks, num_steps = lr.shape
+    hit = np.zeros(num_ranks, dtype=bool)
+    score = np.zeros(num_ranks)
+    run = np.zeros(num_ranks, dtype=np.int64)
+    floor = math.log1p(config.min_effect)
+    sigma = max(sigma, _robust_sigma(lr))
+    exceed = {L: lr > math.log(L) for L in config.levels}
+    p_other = {}
+    for L, e in exceed.items():  # leave-one-out rate of exceeding L, with a pseudo-count
+        per_rank = e.sum(axis=1)
+        p_other[L] = (per_rank.sum() - per_rank + 0.5) / (e.size - num_steps + 1.0)
+    for n in _run_lengths(num_steps, config):
+        x = lr[:, -n:]
+        med = np.median(x, axis=1)
+        thr = max(floor, config.scan_z * 1.2533 * sigma / math.sqrt(n))
+        ok = (med > thr) & ((x > thr / 2).mean(axis=1) >= config.persist_frac)
+        sc = np.where(ok, med / thr, 0.0)
+        for L, e in exceed.items():
+            h = e[:, -n:].sum(axis=1)
+            cand = (h >= config.persist_frac * n) & (med > max(floor, 0.5 * math.log(L)))
+            if not cand.any():
+                continue
+            tail = _binom_sf(h[cand], n, p_other[L][cand])
+            good = np.zeros(num_ranks, dtype=bool)
+            good[cand] = tail < config.level_alpha
+            lv = np.zeros(num_ranks)
+            lv[cand] = np.log(np.maximum(tail, 1e-300)) / math.log(config.level_alpha)
+            ok |= good
+            sc = np.maximum(sc, np.where(good, lv, 0.0))
+        score = np.maximum(score, sc)
+        run = np.where(ok, n, run)
+        hit |= ok
+    return hit, score, run
+
+
+def _factor(x: np.ndarray, ref: np.ndarray) -> float:
+    """How many times its peers' time a rank's component takes: the median over steps of
+    the per-step ratio to the same step's peer median (a step that slowed everyone, e.g.
+    machine load, cancels out of its ratio; one odd step does not move the median)."""
+    ok = (x > 0) & (ref > 0)
+    if not ok.any():
+        return 1.0
+    return float(np.exp(np.median(np.log(x[ok] / ref[ok]))))
+
+
+def _summary(topo: Topology, rank: int, component: str, factor: float, slowdown: float) -> str:
+    """The finding in an operator's words: what is slow, by how much, what it costs."""
+    return (f"rank {rank} ({topo.label(rank)}): {component} {factor:.2f}x its stage peers; "
+            f"job ~{slowdown:.0%} slower")
+
+
+def _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, sigma, thr) -> dict:
+    excess_ns = float(np.median(busy[i, -n:] - ref[i, -n:]))
+    return {
+        "busy_ms": round(float(np.median(busy[i, -n:])) / 1e6, 3),
+        "peer_busy_ms": round(float(np.median(ref[i, -n:])) / 1e6, 3),
+        "excess_ms": round(excess_ns / 1e6, 3),
+        "noise_sigma": round(sigma, 4),
+        "threshold": round(thr, 4),
+        "stage": topo.stage(r),
+        "peers": [ranks[j] for j in groups[topo.stage(r)] if j != i],
+        "components_excess_ms": {
+            c[:-3]: round(float(np.median(comps[c][i, -n:] - comp_refs[c][i, -n:])) / 1e6, 3)
+            for c in COMPONENT_KIND
+        },
+    }
+
+
+def _pauses(spikes: np.ndarray, i: int, num_steps: int, config: StragglerConfig) -> bool:
+    """GC-like pauses on rank ``i``: enough spikes, not most steps (that is a straggler),
+    and far more than the other ranks' spike rate explains (Poisson tail below
+    ``spike_alpha``): load spikes scattered over all ranks do not single one out."""
+    s = int(spikes[i])
+    if s < config.min_spikes or s > 0.6 * num_steps:
+        return False
+    others = np.delete(spikes, i)
+    lam = max(float(others.mean()) if others.size else 0.0, 0.5)
+    tail = 1.0 - sum(math.exp(-lam) * lam ** j / math.factorial(j) for j in range(s))
+    return tail < config.spike_alpha
+
+
+def _waiting_peers(arr: pd.DataFrame, steps: list[int]) -> dict[int, list[dict]]:
+    """Per rank waited on: the peers that waited for it most (ms per step), up to 8."""
+    if arr.empty:
+        return {}
+    a = arr[arr["step"].isin(steps) & ~arr["is_last"].astype(bool) & (arr["wait_ns"] > 0)]
+    if a.empty:
+        return {}
+    w = a.groupby(["waited_on_rank", "rank"])["wait_ns"].sum() / 1e6 / max(len(steps), 1)
+    out: dict[int, list[dict]] = {}
+    for (on, who), ms in w.sort_values(ascending=False).items():
+        if int(on) != int(who) and len(out.setdefault(int(on), [])) < 8:
+            out[int(on)].append({"rank": int(who), "waited_ms_per_step": round(float(ms), 3)})
+    return out
 
 
 def _top_test(x: np.ndarray, groups: dict[int, list[int]], config: StragglerConfig) -> np.ndarray:
@@ -294,10 +467,11 @@ def _arrival_evidence(arr: pd.DataFrame, steps: list[int]) -> dict[int, dict]:
 
 
 def _finding(job, kind, ranks, score, first, last, hosts, profile, fallback_slowdown,
-             evidence, summary, group_id="") -> Finding:
+             evidence, summary, group_id="", suspects=None) -> Finding:
     slowdown, model = fallback_slowdown, "observed excess / step time"
     if profile is not None:
-        w = whatif(profile, ranks=ranks if not group_id else None, group_id=group_id)
+        w = whatif(profile, ranks=ranks if not group_id else None, group_id=group_id,
+                   suspects=suspects if suspects is not None else ranks)
         slowdown, model = w.slowdown, "1f1b what-if"
         evidence = {**evidence, "predicted_step_ms": round(w.predicted_step_ns / 1e6, 3),
                     "step_ms_if_fixed": round(w.fixed_step_ns / 1e6, 3)}
@@ -350,16 +524,18 @@ def _slow_links(job, topo, arr, steps, flagged, step_ns, hosts, profile, config)
                 continue
             if set(members) & flagged:
                 continue
-            out.append(_finding(
+            f = _finding(
                 job, FindingKind.SLOW_LINK, members, med / thr, steps[_run_start(lr[i] > thr / 2)],
                 steps[-1], hosts, profile, excess / max(step_ns, 1.0),
                 {"axis": axis, "median_op_link_ms": round(float(np.median(x[i, -k:])) / 1e6, 3),
                  "peer_groups_median_op_link_ms": round(float(np.median(ref[i, -k:])) / 1e6, 3),
                  "ops_per_step": float(np.median(n_ops[i, -k:])),
                  "excess_ms_per_step": round(excess / 1e6, 3),
-                 "noise_sigma": round(sigma, 4), "threshold": round(thr, 4)},
-                f"group {gid} transfers {math.expm1(med):.0%} slower than other {axis} groups "
-                f"while its members' compute is normal",
-                group_id=gid,
-            ))
+                 "noise_sigma": round(sigma, 4), "threshold": round(thr, 4),
+                 "component": f"{axis} link", "factor": round(math.exp(med), 3)},
+                "", group_id=gid, suspects=[],
+            )
+            out.append(replace(f, factor=round(math.exp(med), 3), component=f"{axis} link", summary=(
+                f"group {gid}: link transfers {math.exp(med):.2f}x other {axis} groups' while its "
+                f"members' compute is normal; job ~{f.est_slowdown:.0%} slower")))
     return out

@@ -45,6 +45,10 @@ class StepProfile:
     link_ns: dict[str, float] = field(default_factory=dict)
     """Per group id: link time per op (TP: per forward/backward op; PP: per hop; DP: per step)."""
     schedule: str = "1f1b"
+    observed_step_ns: float = 0.0
+    """The job's median observed step time over the same steps (0: unknown). The model
+    explains only part of it (time no record covers - the OS descheduling a process on
+    a loaded host - is not in it); a fix saves its modelled time out of the observed step."""
 
 
 def schedule_order(stage: int, num_stages: int, num_mb: int, schedule: str) -> list[tuple[str, int]]:
@@ -115,10 +119,11 @@ def peer_ranks(topo: Topology, rank: int) -> list[int]:
     return [r for r in topo.ranks() if topo.stage(r) == topo.stage(rank) and r != rank]
 
 
-def fix_ranks(p: StepProfile, ranks: list[int]) -> StepProfile:
-    """The profile with ``ranks`` running at the median of their non-fixed stage peers."""
+def fix_ranks(p: StepProfile, ranks: list[int], exclude: set[int] | None = None) -> StepProfile:
+    """The profile with ``ranks`` running at the median of their stage peers outside
+    ``exclude`` (default: outside ``ranks``)."""
     fwd, bwd, pre, post = p.fwd_ns.copy(), p.bwd_ns.copy(), p.pre_ns.copy(), p.post_ns.copy()
-    bad = set(ranks)
+    bad = set(ranks) if exclude is None else set(exclude)
     for r in ranks:
         peers = [q for q in peer_ranks(p.topology, r) if q not in bad]
         if not peers:
@@ -141,23 +146,60 @@ def fix_group(p: StepProfile, group_id: str) -> StepProfile:
     return replace(p, link_ns=links)
 
 
+def typical(p: StepProfile, keep_ranks: list[int] = (), keep_groups: list[str] = ()) -> StepProfile:
+    """The profile with every rank outside ``keep_ranks`` at the median of its stage's
+    ranks outside ``keep_ranks``, and every link outside ``keep_groups`` at its axis'
+    median: per-rank medians over a few steps still carry noise (one rank a little
+    slower by chance sets a pipeline cell's pace), which would otherwise hide or inflate
+    what the suspects alone cost."""
+    keep = set(keep_ranks)
+    fixed = fix_ranks(p, [r for r in p.topology.ranks() if r not in keep], exclude=keep)
+    links = dict(fixed.link_ns)
+    for axis in {g.split(".")[0] for g in links}:
+        mine = [g for g in links if g.split(".")[0] == axis]
+        base = [links[g] for g in mine if g not in keep_groups] or [links[g] for g in mine]
+        med = float(np.median(base))
+        for g in mine:
+            if g not in keep_groups:
+                links[g] = med
+    return replace(fixed, link_ns=links)
+
+
 @dataclass(frozen=True)
 class WhatIf:
     predicted_step_ns: float
     fixed_step_ns: float
+    observed_step_ns: float = 0.0
+
+    @property
+    def saved_ns(self) -> float:
+        return max(self.predicted_step_ns - self.fixed_step_ns, 0.0)
 
     @property
     def slowdown(self) -> float:
-        """Fractional job slowdown caused by what was fixed (0.1 = 10% longer steps)."""
-        return max(self.predicted_step_ns / max(self.fixed_step_ns, 1.0) - 1.0, 0.0)
+        """Fractional job slowdown caused by what was fixed (0.1 = 10% longer steps): the
+        modelled saving over the observed step time without it (over the modelled step
+        when the observed one is unknown or shorter)."""
+        base = self.observed_step_ns if self.observed_step_ns > self.predicted_step_ns else self.predicted_step_ns
+        return max(self.saved_ns / max(base - self.saved_ns, 1.0), 0.0)
 
 
-def whatif(p: StepProfile, ranks: list[int] | None = None, group_id: str = "") -> WhatIf:
-    """Step time as observed vs with ``ranks`` (and/or ``group_id``'s link) at peer median."""
+def whatif(p: StepProfile, ranks: list[int] | None = None, group_id: str = "",
+           suspects: list[int] | None = None) -> WhatIf:
+    """Step time as observed vs with ``ranks`` (and/or ``group_id``'s link) at peer median.
+
+    With ``suspects`` (the ranks every current finding names, ``[]`` for none) the
+    question is asked of the *typical* job (:func:`typical`: everyone else at their
+    stage's median, ``group_id`` and the suspects as observed): what these ranks or this
+    link cost by themselves, not what the window's noise happened to put on the path.
+    """
+    if suspects is not None:
+        p = typical(p, keep_ranks=sorted(set(suspects) | set(ranks or [])),
+                    keep_groups=[group_id] if group_id else [])
     fixed = fix_ranks(p, ranks) if ranks else p
     if group_id:
         fixed = fix_group(fixed, group_id)
-    return WhatIf(simulate_step(p), simulate_step(fixed))
+    return WhatIf(simulate_step(p), simulate_step(fixed), p.observed_step_ns)
 
 
 def profile_from_frames(
@@ -211,8 +253,11 @@ def profile_from_frames(
                 links[gid] = float(v) / (2 * num_mb * max(topo.pp - 1, 1))
             else:
                 links[gid] = float(v)
-    return StepProfile(topo, num_mb, fwd, bwd, pre, post, links, schedule)
+    observed = 0.0
+    if not breakdown.empty:
+        observed = float(breakdown.groupby("step")["step_ns"].max().median())
+    return StepProfile(topo, num_mb, fwd, bwd, pre, post, links, schedule, observed)
 
 
 __all__ = ["P2P_OPS", "StepProfile", "WhatIf", "fix_group", "fix_ranks", "peer_ranks",
-           "profile_from_frames", "schedule_order", "simulate_step", "whatif"]
+           "profile_from_frames", "schedule_order", "simulate_step", "typical", "whatif"]

@@ -91,6 +91,43 @@ def cell_matrix(
     return z_out, rank_out
 
 
+SCALE_PERCENTILES = (2.0, 98.0)
+"""The colour scale spans these percentiles of the cells on the scale: one extreme cell
+(a hung step's 30 s, a GC pause) cannot wash every other cell into one colour, and a
+slow rank (an eighth of the cells of an 8-rank job) still reaches the top colour."""
+OFF_SCALE_STEP = 3.0
+"""A step (column) whose median cell is this many times the median column is off the
+scale (an in-progress, partial or hung step): drawn apart, its values in the hover."""
+
+
+def color_scale(z: list[list[float | None]], steps: list[int]) -> dict[str, Any]:
+    """Robust colour range of a heat-map: ``zmin``/``zmax`` from :data:`SCALE_PERCENTILES`
+    of the cells outside off-scale columns, the steps left off the scale (the last
+    column when its median is :data:`OFF_SCALE_STEP` times the typical column's, or any
+    column that far out), how many cells lie above the cap and the largest value."""
+    m = np.array([[np.nan if v is None else float(v) for v in row] for row in z], dtype=float)
+    if m.size == 0 or np.isnan(m).all():
+        return {"zmin": None, "zmax": None, "off_scale_steps": [], "num_capped": 0, "max_value": None}
+    with np.errstate(all="ignore"):
+        col_med = np.nanmedian(np.where(np.isnan(m).all(axis=0, keepdims=True), 0.0, m), axis=0)
+    valid = ~np.isnan(m).all(axis=0)
+    typical = float(np.median(col_med[valid])) if valid.any() else 0.0
+    off = valid & (col_med > OFF_SCALE_STEP * max(typical, 1e-9)) if typical > 0 else np.zeros_like(valid)
+    on = m[:, ~off]
+    vals = on[~np.isnan(on)]
+    if vals.size == 0:
+        vals = m[~np.isnan(m)]
+    lo, hi = (float(np.percentile(vals, q)) for q in SCALE_PERCENTILES)
+    if hi - lo < 1e-9:
+        hi = lo + max(abs(lo) * 0.01, 1e-3)
+    return {
+        "zmin": round(lo, 3), "zmax": round(hi, 3),
+        "off_scale_steps": [int(steps[j]) for j in np.flatnonzero(off) if j < len(steps)],
+        "num_capped": int((on > hi).sum()),
+        "max_value": round(float(np.nanmax(m)), 3),
+    }
+
+
 def heatmap_payload(
     job: str,
     topo: Topology,
@@ -106,6 +143,7 @@ def heatmap_payload(
     labels, stages, spans = row_labels(topo, row_bucket)
     num_cols = max(0, math.ceil((to_step - from_step + 1) / step_bucket))
     z, ranks = cell_matrix(cells, len(labels), num_cols)
+    steps = [from_step + i * step_bucket for i in range(num_cols)]
     return {
         "job": job,
         "metric": metric.key,
@@ -118,10 +156,11 @@ def heatmap_payload(
         "to_step": to_step,
         "row_bucket": row_bucket,
         "step_bucket": step_bucket,
-        "steps": [from_step + i * step_bucket for i in range(num_cols)],
+        "steps": steps,
         "row_labels": labels,
         "row_pp": stages,
         "row_ranks": spans,
         "z": z,
         "rank": ranks,
+        "scale": color_scale(z, steps),
     }
