@@ -1,9 +1,11 @@
 """Server replicas sharing one alert outbox: rows are claimed per row with a lease.
 
-Two dispatchers (each with its own engine, as two replicas have) race on one SQLite
-outbox in real threads against a real loopback receiver; no notification may arrive
-twice. The PostgreSQL claim statement is compiled with the postgresql dialect (no
-PostgreSQL server runs here) and must lock with ``FOR UPDATE SKIP LOCKED``.
+Two dispatchers (each with its own engine, as two replicas have) race on one outbox in
+real threads against a real loopback receiver; no notification may arrive twice. On
+SQLite always; on PostgreSQL where the machine has its server binaries (a throwaway
+server on loopback, :mod:`tests.helpers.postgres`; skipped otherwise). The PostgreSQL
+claim statement is also compiled with the postgresql dialect and must lock with
+``FOR UPDATE SKIP LOCKED``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from fleetscope.server.db import open_db
 from fleetscope.server.db.diagnosis_models import AlertOutbox, Webhook
 from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
+
+from tests.helpers.postgres import postgres_server
 
 NUM_ROWS = 120
 
@@ -77,7 +81,15 @@ def fill_outbox(maker, url: str, n: int) -> None:
 
 
 def test_two_dispatchers_racing_on_one_sqlite_outbox_deliver_each_notification_once(tmp_path):
-    url = f"sqlite:///{tmp_path / 'c.db'}"
+    race(f"sqlite:///{tmp_path / 'c.db'}")
+
+
+def test_two_dispatchers_racing_on_one_postgresql_outbox_deliver_each_notification_once():
+    with postgres_server() as url:
+        race(url)  # FOR UPDATE SKIP LOCKED executed, not only compiled
+
+
+def race(url: str) -> None:
     first = open_db(url)
     rx = CountingReceiver()
     fill_outbox(first, rx.url, NUM_ROWS)
@@ -111,6 +123,7 @@ def test_two_dispatchers_racing_on_one_sqlite_outbox_deliver_each_notification_o
     for t in threads:
         t.join(90)
     rx.close()
+    assert not any(t.is_alive() for t in threads)
     assert not errors, errors
     with first() as s:
         rows = list(s.scalars(select(AlertOutbox)))
@@ -122,7 +135,16 @@ def test_two_dispatchers_racing_on_one_sqlite_outbox_deliver_each_notification_o
 
 
 def test_a_claim_holds_until_its_lease_expires_then_another_replica_takes_the_rows(tmp_path):
-    maker = open_db(f"sqlite:///{tmp_path / 'c.db'}")
+    claims_hold_until_their_lease_expires(f"sqlite:///{tmp_path / 'c.db'}")
+
+
+def test_a_postgresql_claim_holds_until_its_lease_expires():
+    with postgres_server() as url:
+        claims_hold_until_their_lease_expires(url)
+
+
+def claims_hold_until_their_lease_expires(url: str) -> None:
+    maker = open_db(url)
     fill_outbox(maker, "http://127.0.0.1:9/hook", 5)
     lease = 10 * 10**9
     with maker() as s:
