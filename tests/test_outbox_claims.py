@@ -28,6 +28,7 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from tests.helpers.postgres import postgres_server
+from tests.helpers.server import ServerProcess
 
 NUM_ROWS = 120
 
@@ -66,12 +67,14 @@ class CountingReceiver:
         self.httpd.server_close()
 
 
-def fill_outbox(maker, url: str, n: int) -> None:
+def fill_outbox(maker, url: str, n: int, first: int = 0) -> None:
     with maker() as s:
-        hook = Webhook(name="rx", url=url)
-        s.add(hook)
-        s.flush()
-        for i in range(n):
+        hook = s.scalar(select(Webhook).where(Webhook.name == "rx"))
+        if hook is None:
+            hook = Webhook(name="rx", url=url)
+            s.add(hook)
+            s.flush()
+        for i in range(first, first + n):
             alert = {"status": "firing", "labels": {"alertname": "FleetscopeHang", "job": f"j{i}"},
                      "annotations": {"summary": f"hang {i}"}}  # fmt: skip
             s.add(AlertOutbox(webhook_id=hook.id, incident_id=i, rule_id=1, dedup_key=f"{hook.id}:{i}:1:firing",
@@ -174,3 +177,39 @@ def test_claim_statement_binds_every_value_as_a_parameter(dialect):
     compiled = claim_statement(now_ns=123456789, token="host:42:abc:7", lease_ns=10, limit=50).compile(dialect=dialect)
     assert "host:42:abc:7" not in str(compiled) and "123456789" not in str(compiled)
     assert "host:42:abc:7" in compiled.params.values()
+
+
+def test_two_server_processes_on_one_postgresql_deliver_each_notification_once(tmp_path):
+    """Two whole replicas (uvicorn subprocesses, own embedded stores, one PostgreSQL DB)."""
+    with postgres_server() as url:
+        open_db(url).kw["bind"].dispose()  # schema first, so the replicas start side by side
+        rx = CountingReceiver(delay_s=0.3)  # claims stay visible while the posts are in flight
+        servers = [ServerProcess(tmp_path / f"replica-{i}", db_url=url, webhook_allow="127.0.0.1") for i in (1, 2)]
+        try:
+            for s in servers:
+                s.start()
+            maker = open_db(url, migrate=False)
+            claimers: set[str] = set()  # which processes held claims (token: host:pid:nonce:pass)
+            waves, per_wave = 12, NUM_ROWS // 12
+            next_wave, deadline = time.monotonic(), time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if waves and time.monotonic() >= next_wave:  # rows keep arriving while both poll
+                    fill_outbox(maker, rx.url, per_wave, first=(12 - waves) * per_wave)
+                    waves, next_wave = waves - 1, time.monotonic() + 0.25
+                with maker() as s:
+                    claimers |= {c.split(":")[1] for c in s.scalars(select(AlertOutbox.claim).distinct()) if c}
+                    left = s.scalar(select(func.count()).select_from(AlertOutbox).where(AlertOutbox.status != "delivered"))
+                if not left and not waves:
+                    break
+                time.sleep(0.02)
+            with maker() as s:
+                rows = list(s.scalars(select(AlertOutbox)))
+            maker.kw["bind"].dispose()
+        finally:
+            for s in servers:
+                s.stop()
+            rx.close()
+    assert all(r.status == "delivered" and r.claim == "" for r in rows), [s.log()[-2000:] for s in servers]
+    assert len(claimers) == 2, claimers  # both replicas delivered part of the outbox
+    assert set(rx.counts) == {notification_id(r) for r in rows}
+    assert max(rx.counts.values()) == 1, sum(n - 1 for n in rx.counts.values())
