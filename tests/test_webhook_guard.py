@@ -265,3 +265,11 @@ def test_send_now_applies_the_guard_and_opens_the_sealed_secret(db):
         assert not no.ok and no.permanent and "link-local" in no.error and len(rx.got) == 1
     finally:
         rx.close()
+
+
+def test_errors_recorded_by_older_versions_show_only_the_status():
+    from fleetscope.server.alerts.outbox import public_error
+
+    assert public_error("HTTP 500: internal receiver detail: db password is hunter2") == "HTTP 500"
+    assert public_error("HTTP 503") == "HTTP 503"
+    assert public_error("ConnectError") == "ConnectError"
