@@ -44,6 +44,9 @@ KEY = "k" * 40
     ("http://100.64.0.1/", "not globally routable"),  # shared address space (CGNAT)
     ("http://224.0.0.1/", "multicast"),
     ("http://localhost:9090/", "localhost"),
+    ("http://2130706433:8000/", "loopback"),  # 127.0.0.1 as one number, as the C resolver reads it
+    ("http://0x7f.1/", "loopback"),
+    ("http://0177.0.0.1/", "not a valid URL"),  # httpx refuses octal quads outright
     ("https://ops:hunter2@hooks.example.com/x", "credentials"),
     ("https://x:abc/", "not a valid URL"),
     ("ftp://hooks.example.com/", "scheme"),
