@@ -28,7 +28,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
     store_url: str = DEFAULT_STORE_URL
-    """ClickHouse store: ``chdb:///abs/dir``, ``chdb://rel/dir`` or ``http(s)://user:pass@host:port/db``."""
+    """ClickHouse store: ``chdb:///abs/dir``, ``chdb://rel/dir`` or ``http(s)://user:pass@host:port/db``
+    (``...db?cluster=NAME``: a ClickHouse cluster, schema created ON CLUSTER)."""
     db_url: str = DEFAULT_DB_URL
     """Control-plane SQL database (SQLAlchemy URL): SQLite by default, PostgreSQL by URL."""
     host: str = DEFAULT_HOST

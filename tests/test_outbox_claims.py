@@ -1,9 +1,11 @@
 """Server replicas sharing one alert outbox: rows are claimed per row with a lease.
 
-Two dispatchers (each with its own engine, as two replicas have) race on one SQLite
-outbox in real threads against a real loopback receiver; no notification may arrive
-twice. The PostgreSQL claim statement is compiled with the postgresql dialect (no
-PostgreSQL server runs here) and must lock with ``FOR UPDATE SKIP LOCKED``.
+Two dispatchers (each with its own engine, as two replicas have) race on one outbox in
+real threads against a real loopback receiver; no notification may arrive twice. On
+SQLite always; on PostgreSQL where the machine has its server binaries (a throwaway
+server on loopback, :mod:`tests.helpers.postgres`; skipped otherwise). The PostgreSQL
+claim statement is also compiled with the postgresql dialect and must lock with
+``FOR UPDATE SKIP LOCKED``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from fleetscope.server.db import open_db
 from fleetscope.server.db.diagnosis_models import AlertOutbox, Webhook
 from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
+
+from tests.helpers.postgres import postgres_server
+from tests.helpers.server import ServerProcess
 
 NUM_ROWS = 120
 
@@ -62,12 +67,14 @@ class CountingReceiver:
         self.httpd.server_close()
 
 
-def fill_outbox(maker, url: str, n: int) -> None:
+def fill_outbox(maker, url: str, n: int, first: int = 0) -> None:
     with maker() as s:
-        hook = Webhook(name="rx", url=url)
-        s.add(hook)
-        s.flush()
-        for i in range(n):
+        hook = s.scalar(select(Webhook).where(Webhook.name == "rx"))
+        if hook is None:
+            hook = Webhook(name="rx", url=url)
+            s.add(hook)
+            s.flush()
+        for i in range(first, first + n):
             alert = {"status": "firing", "labels": {"alertname": "FleetscopeHang", "job": f"j{i}"},
                      "annotations": {"summary": f"hang {i}"}}  # fmt: skip
             s.add(AlertOutbox(webhook_id=hook.id, incident_id=i, rule_id=1, dedup_key=f"{hook.id}:{i}:1:firing",
@@ -77,7 +84,15 @@ def fill_outbox(maker, url: str, n: int) -> None:
 
 
 def test_two_dispatchers_racing_on_one_sqlite_outbox_deliver_each_notification_once(tmp_path):
-    url = f"sqlite:///{tmp_path / 'c.db'}"
+    race(f"sqlite:///{tmp_path / 'c.db'}")
+
+
+def test_two_dispatchers_racing_on_one_postgresql_outbox_deliver_each_notification_once():
+    with postgres_server() as url:
+        race(url)  # FOR UPDATE SKIP LOCKED executed, not only compiled
+
+
+def race(url: str) -> None:
     first = open_db(url)
     rx = CountingReceiver()
     fill_outbox(first, rx.url, NUM_ROWS)
@@ -111,6 +126,7 @@ def test_two_dispatchers_racing_on_one_sqlite_outbox_deliver_each_notification_o
     for t in threads:
         t.join(90)
     rx.close()
+    assert not any(t.is_alive() for t in threads)
     assert not errors, errors
     with first() as s:
         rows = list(s.scalars(select(AlertOutbox)))
@@ -122,7 +138,16 @@ def test_two_dispatchers_racing_on_one_sqlite_outbox_deliver_each_notification_o
 
 
 def test_a_claim_holds_until_its_lease_expires_then_another_replica_takes_the_rows(tmp_path):
-    maker = open_db(f"sqlite:///{tmp_path / 'c.db'}")
+    claims_hold_until_their_lease_expires(f"sqlite:///{tmp_path / 'c.db'}")
+
+
+def test_a_postgresql_claim_holds_until_its_lease_expires():
+    with postgres_server() as url:
+        claims_hold_until_their_lease_expires(url)
+
+
+def claims_hold_until_their_lease_expires(url: str) -> None:
+    maker = open_db(url)
     fill_outbox(maker, "http://127.0.0.1:9/hook", 5)
     lease = 10 * 10**9
     with maker() as s:
@@ -152,3 +177,39 @@ def test_claim_statement_binds_every_value_as_a_parameter(dialect):
     compiled = claim_statement(now_ns=123456789, token="host:42:abc:7", lease_ns=10, limit=50).compile(dialect=dialect)
     assert "host:42:abc:7" not in str(compiled) and "123456789" not in str(compiled)
     assert "host:42:abc:7" in compiled.params.values()
+
+
+def test_two_server_processes_on_one_postgresql_deliver_each_notification_once(tmp_path):
+    """Two whole replicas (uvicorn subprocesses, own embedded stores, one PostgreSQL DB)."""
+    with postgres_server() as url:
+        open_db(url).kw["bind"].dispose()  # schema first, so the replicas start side by side
+        rx = CountingReceiver(delay_s=0.3)  # claims stay visible while the posts are in flight
+        servers = [ServerProcess(tmp_path / f"replica-{i}", db_url=url, webhook_allow="127.0.0.1") for i in (1, 2)]
+        try:
+            for s in servers:
+                s.start()
+            maker = open_db(url, migrate=False)
+            claimers: set[str] = set()  # which processes held claims (token: host:pid:nonce:pass)
+            waves, per_wave = 12, NUM_ROWS // 12
+            next_wave, deadline = time.monotonic(), time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if waves and time.monotonic() >= next_wave:  # rows keep arriving while both poll
+                    fill_outbox(maker, rx.url, per_wave, first=(12 - waves) * per_wave)
+                    waves, next_wave = waves - 1, time.monotonic() + 0.25
+                with maker() as s:
+                    claimers |= {c.split(":")[1] for c in s.scalars(select(AlertOutbox.claim).distinct()) if c}
+                    left = s.scalar(select(func.count()).select_from(AlertOutbox).where(AlertOutbox.status != "delivered"))
+                if not left and not waves:
+                    break
+                time.sleep(0.02)
+            with maker() as s:
+                rows = list(s.scalars(select(AlertOutbox)))
+            maker.kw["bind"].dispose()
+        finally:
+            for s in servers:
+                s.stop()
+            rx.close()
+    assert all(r.status == "delivered" and r.claim == "" for r in rows), [s.log()[-2000:] for s in servers]
+    assert len(claimers) == 2, claimers  # both replicas delivered part of the outbox
+    assert set(rx.counts) == {notification_id(r) for r in rows}
+    assert max(rx.counts.values()) == 1, sum(n - 1 for n in rx.counts.values())

@@ -44,6 +44,9 @@ KEY = "k" * 40
     ("http://100.64.0.1/", "not globally routable"),  # shared address space (CGNAT)
     ("http://224.0.0.1/", "multicast"),
     ("http://localhost:9090/", "localhost"),
+    ("http://2130706433:8000/", "loopback"),  # 127.0.0.1 as one number, as the C resolver reads it
+    ("http://0x7f.1/", "loopback"),
+    ("http://0177.0.0.1/", "not a valid URL"),  # httpx refuses octal quads outright
     ("https://ops:hunter2@hooks.example.com/x", "credentials"),
     ("https://x:abc/", "not a valid URL"),
     ("ftp://hooks.example.com/", "scheme"),
@@ -265,3 +268,11 @@ def test_send_now_applies_the_guard_and_opens_the_sealed_secret(db):
         assert not no.ok and no.permanent and "link-local" in no.error and len(rx.got) == 1
     finally:
         rx.close()
+
+
+def test_errors_recorded_by_older_versions_show_only_the_status():
+    from fleetscope.server.alerts.outbox import public_error
+
+    assert public_error("HTTP 500: internal receiver detail: db password is hunter2") == "HTTP 500"
+    assert public_error("HTTP 503") == "HTTP 503"
+    assert public_error("ConnectError") == "ConnectError"

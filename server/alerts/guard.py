@@ -156,10 +156,18 @@ class AllowList:
 
 
 def _literal(host: str) -> IPAddress | None:
+    """The address an IP literal names, legacy IPv4 forms included (``2130706433``,
+    ``0x7f.1``, ``0177.0.0.1``: the C resolver reads them as 127.0.0.1)."""
     try:
         return ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        return None
+        pass
+    if host and all(c in "0123456789abcdefxABCDEFX." for c in host) and host[0].isdigit():
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    return None
 
 
 def check_target(url: str, allow: AllowList) -> httpx.URL:
