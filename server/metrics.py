@@ -214,6 +214,9 @@ class FleetMetrics:
                                   "Ranks that reported the newest step.", labels=labels)
         hung = GaugeMetricFamily("fleetscope_job_hung", "1 while the job has an active hang incident.",
                                  labels=labels)
+        culprit = GaugeMetricFamily("fleetscope_job_hang_culprit_rank",
+                                    "First culprit rank of the job's active hang incident (absent when not hung).",
+                                    labels=labels)
         suspects = GaugeMetricFamily("fleetscope_job_straggler_suspects",
                                      "Active straggler incidents of the job (all of them, not only the top k).",
                                      labels=labels)
@@ -238,7 +241,11 @@ class FleetMetrics:
                 status.add_metric([jid, st], 1.0 if st == j["status"] else 0.0)
             world.add_metric([jid], j["world_size"])
             mine = by_job.get(jid, [])
-            hung.add_metric([jid], 1.0 if any(i["kind"] == "hang" for i in mine) else 0.0)
+            hangs = [i for i in mine if i["kind"] == "hang"]
+            hung.add_metric([jid], 1.0 if hangs else 0.0)
+            hang_ranks = json.loads(hangs[0]["ranks"] or "[]") if hangs else []
+            if hang_ranks:
+                culprit.add_metric([jid], hang_ranks[0])
             strag = sorted((i for i in mine if i["kind"] in STRAGGLER_VALUES),
                            key=lambda i: (-(i["est_slowdown"] or 0), -(i["score"] or 0)))
             suspects.add_metric([jid], len(strag))
@@ -269,7 +276,7 @@ class FleetMetrics:
                 since.add_metric([jid], max(0.0, (now_ns - st.last_end_ns) / 1e9))
         for gone in set(self._jobs) - seen:  # jobs past the window: forget their state
             del self._jobs[gone]
-        return [job_info, status, world, hist, rate, tokens, mfu, last, since, ranks, hung, suspects,
+        return [job_info, status, world, hist, rate, tokens, mfu, last, since, ranks, hung, culprit, suspects,
                 s_rank, s_score, s_slow]
 
     def _advance(self, store: Any, j: dict) -> JobSteps:

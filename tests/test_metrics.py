@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_diagnosis_api import wait_for
 
-from tests.helpers.ops_jobs import post_records, post_straggler_job
+from tests.helpers.ops_jobs import HungJob, post_records, post_straggler_job
 from tests.helpers.server import running_server
 
 TOKEN = "metrics-token-0123456789"
@@ -75,6 +75,7 @@ def test_metrics_are_valid_prometheus_text_behind_the_token(tmp_path):
         assert value(sm, "fleetscope_job_status", job_id="strag", status="running") == 1
         assert value(sm, "fleetscope_job_status", job_id="strag", status="failed") == 0
         assert value(sm, "fleetscope_job_hung", job_id="strag") == 0
+        assert value(sm, "fleetscope_job_hang_culprit_rank", job_id="strag") is None
         # every synthetic step is 200 ms-ish; the histogram counts the 30 steps (+ the newest
         # one only once all 8 ranks reported it)
         n = value(sm, "fleetscope_job_step_duration_seconds_count", job_id="strag")
@@ -93,6 +94,17 @@ def test_metrics_are_valid_prometheus_text_behind_the_token(tmp_path):
         assert value(sm, "fleetscope_alert_outbox_rows", status="pending") is not None
         # nothing is labelled by rank or host
         assert not any({"rank", "host"} & set(lab) for series in sm.values() for lab, _ in series)
+        # a hung job: hang state, culprit, seconds since its last step
+        hung = HungJob(url, "hung", ago_s=60)
+        try:
+            wait_for(lambda: value(samples(scrape(url)), "fleetscope_job_hung", job_id="hung") == 1, 90,
+                     "the hang in /metrics")
+            sm = samples(scrape(url))
+            assert value(sm, "fleetscope_job_hang_culprit_rank", job_id="hung") == 3
+            assert value(sm, "fleetscope_incidents_active", job_id="hung", kind="hang") == 1
+            assert value(sm, "fleetscope_job_seconds_since_last_step", job_id="hung") > 50
+        finally:
+            hung.stop()
 
 
 def test_series_per_job_stay_fixed_at_12288_ranks(tmp_path):

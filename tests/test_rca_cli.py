@@ -32,13 +32,13 @@ def fs(url: str | None, *args: str, token: str | None = TOKEN, **env: str) -> su
 
 
 def test_rca_commands_answer_from_a_real_server(tmp_path):
-    # the hung job stopped 120 s ago; the straggler job's last step is recent (< 60 s)
-    with running_server(tmp_path, token=TOKEN, diagnosis_tick_s=0.5, hang_min_s=60, hang_op_min_s=60) as url:
+    # the hung job stopped 300 s ago; the straggler job's last step stays recent (< 150 s)
+    with running_server(tmp_path, token=TOKEN, diagnosis_tick_s=0.5, hang_min_s=150, hang_op_min_s=150) as url:
         auth = {"Authorization": f"Bearer {TOKEN}"}
         post_straggler_job(url)
         wait_for(lambda: [i for i in HTTP.get(f"{url.api}/incidents", params={"job": "strag"}, headers=auth)
                           .json()["items"] if i["kind"] == "slow_compute"], 90, "straggler incident")
-        hung = HungJob(url, "hung", ago_s=120)
+        hung = HungJob(url, "hung", ago_s=300)
         try:
             wait_for(lambda: HTTP.get(f"{url.api}/jobs/hung/hang", headers=auth).json()["culprits"], 60, "hang")
             check_commands(url, tmp_path)
