@@ -58,14 +58,15 @@ def dash_delete(url, kind: str, item_id: str, cookie: str | None = None, **heade
     comp = {"id": item_id, "type": f"{kind}-delete"}
     cid = json.dumps(comp, separators=(",", ":"), sort_keys=True)
     list_id = "rules-list" if kind == "rule" else "webhooks-list"
+    sig_id = "rules-sig" if kind == "rule" else "webhooks-sig"
     body = {
-        "output": f"{list_id}.children",
-        "outputs": {"id": list_id, "property": "children"},
+        "output": f"..{list_id}.children...{sig_id}.data..",
+        "outputs": [{"id": list_id, "property": "children"}, {"id": sig_id, "property": "data"}],
         "inputs": [{"id": "tick", "property": "data", "value": 1},
                    {"id": f"{kind}-create-status", "property": "children", "value": None},
                    [{"id": comp, "property": "n_clicks", "value": 1}]],
         "changedPropIds": [f"{cid}.n_clicks"],
-        "state": [],
+        "state": [{"id": sig_id, "property": "data", "value": None}],
     }
     h = {"Content-Type": "application/json", **headers}
     if cookie:
@@ -239,7 +240,8 @@ def test_cross_origin_writes_without_a_token_are_refused(srv, toks):
 def test_open_server_dashboard_quotes_ids_and_db_tokens_turn_auth_on(tmp_path):
     """On an unauthenticated loopback server, a forged delete id ``../webhooks/N`` must
     not reach another resource; and the first token made turns authentication on."""
-    with running_server(tmp_path, ui=True, diagnosis_enabled=False, token_cache_s=0.5) as url:
+    with running_server(tmp_path, ui=True, diagnosis_enabled=False, token_cache_s=0.5,
+                        webhook_allow="127.0.0.1") as url:
         hook = httpx.post(f"{url.api}/alerts/webhooks", json={"name": "h", "url": "http://127.0.0.1:9/x"})
         assert hook.status_code == 201, hook.text
         hid = hook.json()["id"]

@@ -18,7 +18,7 @@ SECRET = "route-signing-secret-0123"
 def test_test_notification_is_delivered_signed_and_failures_reported(tmp_path):
     ok_rx, bad_rx = Receiver(), Receiver(fail=True)
     try:
-        with running_server(tmp_path) as url:
+        with running_server(tmp_path, webhook_allow="127.0.0.1") as url:
             http = httpx.Client(base_url=url.api, timeout=60)
             good = http.post("/alerts/webhooks", json={"name": "good", "url": ok_rx.url, "secret": SECRET}).json()
             bad = http.post("/alerts/webhooks", json={"name": "bad", "url": bad_rx.url}).json()

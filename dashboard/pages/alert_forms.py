@@ -260,7 +260,7 @@ def _register_list(app: dash.Dash, client: ApiClient, kind: str, list_id: str, s
     def listing(_n, _created, deletes, last_sig):
         trig = ctx.triggered_id
         if isinstance(trig, dict) and any(deletes or []):
-            client.delete(f"{path}/{trig['id']}")
+            client.delete(path, trig["id"])  # the id quoted as one path segment
         res = client.get(path)
         if not res.ok:
             return result_message(res, f"{kind}s"), None

@@ -9,11 +9,10 @@ from .guard import WebhookGuard
 from .secrets import box_for
 
 
-def alert_dispatcher(app: Any) -> AlertDispatcher | DisabledService:
+def build_dispatcher(app: Any) -> AlertDispatcher:
+    """A dispatcher configured from the app's settings (guard, sealed secrets, lease)."""
     s = app.state.settings
-    if not getattr(s, "diagnosis_enabled", True):
-        return DisabledService()
-    d = AlertDispatcher(
+    return AlertDispatcher(
         app.state.db,
         poll_s=float(getattr(s, "alert_poll_s", 1.0)),
         retry_base_s=float(getattr(s, "alert_retry_base_s", 1.0)),
@@ -23,6 +22,12 @@ def alert_dispatcher(app: Any) -> AlertDispatcher | DisabledService:
         secrets=box_for(s),
         lease_s=float(getattr(s, "alert_lease_s", 60.0)),
     )
+
+
+def alert_dispatcher(app: Any) -> AlertDispatcher | DisabledService:
+    if not getattr(app.state.settings, "diagnosis_enabled", True):
+        return DisabledService()
+    d = build_dispatcher(app)
     app.state.alert_dispatcher = d
     return d
 

@@ -51,7 +51,7 @@ def text_of(browser, element_id: str) -> str:
 def test_rule_and_webhook_forms_and_test_notification(browser, tmp_path):
     rx = Receiver()
     try:
-        with running_server(tmp_path, ui=True, ui_refresh_s=2) as url:
+        with running_server(tmp_path, ui=True, ui_refresh_s=2, webhook_allow="127.0.0.1") as url:
             api = url.api
             browser.get(f"{url}/ui/incidents")
             wait_for(lambda: "straggler-5pct" in text_of(browser, "rules-list"), 60, "the built-in rules")

@@ -17,6 +17,7 @@ import httpx
 from fastapi import APIRouter, HTTPException, Request
 from fleetscope.server.alerts.dispatcher import AlertDispatcher
 from fleetscope.server.alerts.payload import build_payload, fingerprint, rfc3339
+from fleetscope.server.alerts.service import build_dispatcher
 from fleetscope.server.api.deps import SessionDep
 from fleetscope.server.db.diagnosis_models import Webhook
 from pydantic import BaseModel, Field
@@ -55,12 +56,11 @@ async def send_test_notification(hook_id: int, request: Request, session: Sessio
         raise HTTPException(404, detail=f"webhook {hook_id} not found")
     base = str(getattr(request.app.state.settings, "public_url", "") or "")
     body = json.dumps(build_payload(hook.name, [test_alert(hook, base)], base), separators=(",", ":")).encode()
-    job = {"ids": [], "url": hook.url, "secret": hook.secret, "timeout_s": hook.timeout_s,
-           "max_attempts": 1, "body": body}
     dispatcher = getattr(request.app.state, "alert_dispatcher", None)
     if not isinstance(dispatcher, AlertDispatcher):  # alerts disabled: the same delivery code
-        dispatcher = AlertDispatcher(request.app.state.db)
+        dispatcher = build_dispatcher(request.app)
     t0 = time.perf_counter()
     async with httpx.AsyncClient(follow_redirects=False) as client:
-        ok, err = await dispatcher._post(client, job)
+        outcome = await dispatcher.send_now(client, hook, body)
+    ok, err = outcome.ok, outcome.error
     return {"webhook_id": hook_id, "delivered": ok, "error": err, "elapsed_ms": (time.perf_counter() - t0) * 1000}
