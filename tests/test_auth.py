@@ -253,3 +253,10 @@ def test_open_server_dashboard_quotes_ids_and_db_tokens_turn_auth_on(tmp_path):
         assert httpx.get(f"{url.api}/jobs").status_code == 401
         assert httpx.get(f"{url.api}/jobs", headers=bearer(t)).status_code == 200
         assert httpx.get(f"{url}/ui/").status_code == 401
+
+
+def test_standalone_dashboard_with_a_token_refuses_a_non_loopback_bind():
+    from fleetscope.cli import main
+
+    rc = main(["dashboard", "--api", "http://127.0.0.1:1", "--host", "0.0.0.0", "--token", "t" * 20])
+    assert rc == 2
