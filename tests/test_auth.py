@@ -260,3 +260,13 @@ def test_standalone_dashboard_with_a_token_refuses_a_non_loopback_bind():
 
     rc = main(["dashboard", "--api", "http://127.0.0.1:1", "--host", "0.0.0.0", "--token", "t" * 20])
     assert rc == 2
+
+
+def test_token_cli_names_bad_values(tmp_path):
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    r = token_cli(db, "create", "--scope", "ingest", "--jobs", "a")
+    assert r.returncode == 2 and "--jobs" in r.stderr
+    r = token_cli(db, "create", "--scope", "root")
+    assert r.returncode == 2 and "root" in r.stderr
+    r = token_cli(db)
+    assert r.returncode == 2 and "create, list or revoke" in r.stderr
