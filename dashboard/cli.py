@@ -32,7 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"port to serve on (default {DEFAULT_DASHBOARD_PORT})")
     p.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS",
                    help="live-update interval in seconds; 0 disables live updates (default 5)")
-    p.add_argument("--token", default=None, help="bearer token, if the server requires one (or FLEETSCOPE_TOKEN)")
+    p.add_argument("--token", default=None,
+                   help="bearer token, if the server requires one (or FLEETSCOPE_TOKEN). Every browser "
+                        "that reaches this standalone dashboard acts with it, so it may only bind "
+                        "loopback; for many users open the server's /ui, which has a login page")
     p.set_defaults(func=run)
 
 
@@ -54,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     from .app import create_dash_app
 
     token = args.token or os.environ.get("FLEETSCOPE_TOKEN")
+    if token and args.host not in ("127.0.0.1", "localhost", "::1"):
+        raise CliError(f"--host {args.host}: a standalone dashboard with a token lends it to every "
+                       "browser that reaches it; bind loopback or use the server's /ui (login page)")
     app = create_dash_app(api, url_base_pathname="/", refresh_s=args.refresh, token=token)
     print(f"fleetscope dashboard on http://{args.host}:{args.port}/  (API {api})", flush=True)
     app.run(host=args.host, port=args.port, debug=False)

@@ -17,7 +17,7 @@ scopes:
   admin   everything: alert rules, webhooks, incident actions, ...
 A token may be limited to jobs (--jobs) and hosts (--hosts): a limited token may call
 only routes that name one of them (path or ?job= / ?host=; for ingest the
-X-Fleetscope-Host header the agent sends). The static FLEETSCOPE_TOKEN is an unlimited
+X-Fleetscope-Host header the agent sends; ingest tokens take --hosts only). The static FLEETSCOPE_TOKEN is an unlimited
 admin token. Once any token exists the server requires one on every route but health.
 The server sees a new or revoked token within FLEETSCOPE_TOKEN_CACHE_S (default 2 s).
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -199,9 +200,9 @@ def test_wrong_server_answer_never_advances_offsets_or_deletes_segments(tmp_path
     t = threading.Thread(target=sh.run, daemon=True)
     t.start()
     try:
-        deadline = threading.Event()
-        while srv.hits < 3 and not deadline.wait(0.05):
-            pass
+        deadline = time.monotonic() + 30
+        while srv.hits < 3 and time.monotonic() < deadline and t.is_alive():
+            time.sleep(0.05)
         sh.retention.apply(sh.tailer.segments(), sh.offsets.pending_files())
     finally:
         sh.stop()

@@ -255,3 +255,20 @@ def test_open_server_dashboard_quotes_ids_and_db_tokens_turn_auth_on(tmp_path):
         assert httpx.get(f"{url.api}/jobs").status_code == 401
         assert httpx.get(f"{url.api}/jobs", headers=bearer(t)).status_code == 200
         assert httpx.get(f"{url}/ui/").status_code == 401
+
+
+def test_standalone_dashboard_with_a_token_refuses_a_non_loopback_bind():
+    from fleetscope.cli import main
+
+    rc = main(["dashboard", "--api", "http://127.0.0.1:1", "--host", "0.0.0.0", "--token", "t" * 20])
+    assert rc == 2
+
+
+def test_token_cli_names_bad_values(tmp_path):
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    r = token_cli(db, "create", "--scope", "ingest", "--jobs", "a")
+    assert r.returncode == 2 and "--jobs" in r.stderr
+    r = token_cli(db, "create", "--scope", "root")
+    assert r.returncode == 2 and "root" in r.stderr
+    r = token_cli(db)
+    assert r.returncode == 2 and "create, list or revoke" in r.stderr

@@ -18,6 +18,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 from fleetscope.agent.batch import decode_frame
 from fleetscope.agent.tailer import ReadFrame, Segment
 
@@ -25,6 +26,7 @@ from fleetscope import spool
 from tests.helpers.server import running_server
 from tests.test_agent_e2e import ROOT, all_acked, query, start_agent, wait_for
 
+pytestmark = pytest.mark.slow
 LIMIT = 96 * 1024
 STEPS = 150
 
