@@ -400,14 +400,15 @@ def traced(name: str, fn: Any) -> Any:
                 g = rec.groups.get(id(group) if group is not None else 0)
                 if g is None:
                     g = group_info(rec, group)
-                tensor = args[tensor_at] if len(args) > tensor_at else kwargs.get(tensor_key)
-                if tensor is None or tensor.__class__ in (list, tuple):
-                    nbytes, dtype = _payload(tensor)
-                else:
-                    nbytes = tensor.nbytes
-                    dtype = _DTYPES.get(tensor.dtype) or _dtype(tensor.dtype)
                 seq = g.seq = g.seq + 1
                 opname, peer = name, -1
+                if rec.level >= FULL:  # below it only the number is needed
+                    tensor = args[tensor_at] if len(args) > tensor_at else kwargs.get(tensor_key)
+                    if tensor is None or tensor.__class__ in (list, tuple):
+                        nbytes, dtype = _payload(tensor)
+                    else:
+                        nbytes = tensor.nbytes
+                        dtype = _DTYPES.get(tensor.dtype) or _dtype(tensor.dtype)
         except Exception:  # unknown group, odd arguments: never fail the caller
             return fn(*args, **kwargs)
         if rec.level < FULL:  # runtime control: numbered (so seq stays aligned), not traced
