@@ -99,3 +99,17 @@ def test_bad_input_is_a_clear_error(tmp_path):
         (tmp_path / "dump.json").unlink()
         (tmp_path / "rank1.pkl").write_bytes(pickle.dumps({"entries": [], "x": DumpError("boom")}))
         import_dir(tmp_path, "j")
+
+
+def test_size_and_dtype_mismatches_in_a_real_dump_are_named(stuck, tmp_path):
+    # gloo aborts the job on a size mismatch before anything can dump, so the mismatch
+    # is put into a real dump: rank 1's 3rd all-reduce becomes float64 x 16
+    doc = pickle.loads((stuck / "nccl_trace_rank_1").read_bytes())
+    third = next(e for e in doc["entries"] if e["collective_seq_id"] == 3 and e["pg_id"] == 0)
+    third["input_dtypes"], third["input_sizes"] = ["Double"], [[16]]
+    (tmp_path / "nccl_trace_rank_1").write_bytes(pickle.dumps(doc))
+    (tmp_path / "nccl_trace_rank_0.json").write_bytes((stuck / "nccl_trace_rank_0.json").read_bytes())
+    _, a = import_dir(tmp_path, "j", world_size=3)
+    (m,) = [m for m in a.mismatches if m["seq"] == 3]
+    assert m["group_id"] == "world" and m["calls"]["1"] == "all_reduce/128/float64"
+    assert a.culprits == [1] and a.kind == "never_arrived"  # the hang itself is unchanged

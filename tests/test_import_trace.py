@@ -25,7 +25,10 @@ def traces(tmp_path_factory):
 
 
 def test_trace_becomes_steps_sections_and_numbered_collectives(traces):
-    recs = [to_records("t", p, load_trace(p)) for p in traces]
+    docs = [load_trace(p) for p in traces]
+    marked = [any(e.get("name", "").startswith("ProfilerStep#") for e in d["traceEvents"]) for d in docs]
+    assert marked == [True, False]  # steps from ProfilerStep ranges on 0, inferred on 1: same
+    recs = [to_records("t", p, d) for p, d in zip(traces, docs)]
     assert [r["rank"] for r in recs] == [0, 1]
     for r in recs:
         assert [s["step"] for s in r["steps"]] == list(range(STEPS))

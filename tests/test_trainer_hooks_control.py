@@ -139,3 +139,24 @@ def test_pending_async_ops_are_bounded(world1):
     rows = sink.rows("collectives")
     assert len(rows) == 20  # every op has its record; the untracked ones without an end
     assert sum(r["state"] == "completed" for r in rows) == 8
+
+
+def test_uninstalled_tracing_leaves_torch_as_it_was(world1):
+    from torch.distributed import ProcessGroup
+
+    sink = hooks.MemorySink()
+    hooks.init(job="u", rank=0, topology=Topology(), sink=sink)
+    hooks.uninstall_tracing()
+    assert "allreduce" not in ProcessGroup.__dict__ or not getattr(
+        ProcessGroup.__dict__["allreduce"], "_fleetscope_traced", False)
+    t = torch.ones(4)
+    dist.all_reduce(t)  # the restored methods still bind ``self``
+    dist.group.WORLD.allreduce([t]).wait()
+    funcol.all_reduce(t, "sum", dist.group.WORLD).wait()
+    hooks.shutdown()
+    assert sink.rows("collectives") == []
+    sink2 = hooks.MemorySink()
+    hooks.init(job="u", rank=0, topology=Topology(), sink=sink2)  # installs again
+    dist.all_reduce(t)
+    hooks.shutdown()
+    assert [r["op"] for r in sink2.rows("collectives")] == ["all_reduce"]

@@ -235,17 +235,18 @@ class TracedWork(_work_base()):  # type: ignore[misc]
             self._done(rec, perf_ns())
         return done
 
-    def _done(self, rec: Recorder, t1: int) -> None:
+    def _done(self, rec: Recorder, t1: int, events: bool = True) -> None:
         """The ops completed at ``t1`` (each is recorded once, by whoever sees it first)."""
         pending = rec.pending_async
         for op in self._ops:
             if pending.pop(op.key, None) is not None:
                 op.t_done = t1
-                if rec.cuda is not None:
+                if events and rec.cuda is not None:
                     op.ev1 = rec.cuda.event()
                 rec.enqueue_op(("C", op))
         self._ops = ()
-        rec.overhead_ns += perf_ns() - t1
+        if events:
+            rec.overhead_ns += perf_ns() - t1
 
     # ``Work``'s own methods would answer for the empty base object: delegate them.
     def is_success(self) -> bool:
@@ -267,7 +268,20 @@ class TracedWork(_work_base()):  # type: ignore[misc]
         return self._work.synchronize()
 
     def get_future(self) -> Any:
-        return self._work.get_future()
+        """The work's future; its completion also completes the record (DDP comm hooks
+        and other future chains never call ``wait()`` on the work itself)."""
+        fut = self._work.get_future()
+        rec = self._rec
+        if self._ops and rec is state.recorder:
+            def completed(_fut: Any) -> None:  # runs on the backend's thread
+                if rec is state.recorder:
+                    self._done(rec, perf_ns(), events=False)
+
+            try:
+                fut.add_done_callback(completed)
+            except Exception:  # an odd future: the background thread polls the work
+                pass
+        return fut
 
     def get_future_result(self) -> Any:
         return self._work.get_future_result()
@@ -386,14 +400,15 @@ def traced(name: str, fn: Any) -> Any:
                 g = rec.groups.get(id(group) if group is not None else 0)
                 if g is None:
                     g = group_info(rec, group)
-                tensor = args[tensor_at] if len(args) > tensor_at else kwargs.get(tensor_key)
-                if tensor is None or tensor.__class__ in (list, tuple):
-                    nbytes, dtype = _payload(tensor)
-                else:
-                    nbytes = tensor.nbytes
-                    dtype = _DTYPES.get(tensor.dtype) or _dtype(tensor.dtype)
                 seq = g.seq = g.seq + 1
                 opname, peer = name, -1
+                if rec.level >= FULL:  # below it only the number is needed
+                    tensor = args[tensor_at] if len(args) > tensor_at else kwargs.get(tensor_key)
+                    if tensor is None or tensor.__class__ in (list, tuple):
+                        nbytes, dtype = _payload(tensor)
+                    else:
+                        nbytes = tensor.nbytes
+                        dtype = _DTYPES.get(tensor.dtype) or _dtype(tensor.dtype)
         except Exception:  # unknown group, odd arguments: never fail the caller
             return fn(*args, **kwargs)
         if rec.level < FULL:  # runtime control: numbered (so seq stays aligned), not traced

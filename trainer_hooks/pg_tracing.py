@@ -176,7 +176,9 @@ def install() -> list[str]:
         if fn is None:
             continue
         if method not in _ORIGINALS and not getattr(fn, "_fleetscope_traced", False):
-            _ORIGINALS[method] = fn
+            # keep the class's own descriptor to put back (the looked-up function does
+            # not bind ``self`` when set on the class again)
+            _ORIGINALS[method] = ProcessGroup.__dict__.get(method)
             setattr(ProcessGroup, method, _traced_method(method, fn))
         done.append(method)
     return done
@@ -186,6 +188,9 @@ def uninstall() -> None:
     """Restore the original ``ProcessGroup`` methods."""
     from torch.distributed import ProcessGroup
 
-    for method, fn in _ORIGINALS.items():
-        setattr(ProcessGroup, method, fn)
+    for method, descriptor in _ORIGINALS.items():
+        if descriptor is None:  # inherited: drop the wrapper, the base's method shows again
+            delattr(ProcessGroup, method)
+        else:
+            setattr(ProcessGroup, method, descriptor)
     _ORIGINALS.clear()

@@ -50,12 +50,23 @@ def every_call_path(rank: int, world: int, workdir: Path) -> dict:
             dist.P2POp(dist.irecv, torch.empty(8), (rank - 1) % world)])]),
         ("DTensor redistribute", lambda: distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
             .redistribute(mesh, [Replicate()]).to_local()),
+        ("DDP with the default comm hook", lambda: _ddp_step()),
     ]
     for step, (_, call) in enumerate(ways):
         with hooks.step(step):
             call()
     hooks.shutdown()
     return {"ways": [w for w, _ in ways], "rows": _rows(sink)}
+
+
+def _ddp_step() -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(8, 8))
+    model.register_comm_hook(None, default_hooks.allreduce_hook)
+    model(torch.ones(2, 8)).sum().backward()
 
 
 def _coalesced(x: torch.Tensor) -> None:

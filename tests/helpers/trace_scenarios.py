@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
 
 STEPS = 6
+"""Steps profiled (``ProfilerStep#0..5`` on rank 0)."""
 SLOW_S = 0.1
 
 
@@ -25,7 +26,12 @@ def profiled_job(rank: int, world: int, workdir: Path) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     out = workdir / "traces"
     out.mkdir(exist_ok=True)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    # rank 0 with a profiler schedule (ProfilerStep#N ranges mark the steps), rank 1
+    # without (the importer infers steps from the first section's occurrences)
+    path = str(out / f"rank{rank}.json")
+    scheduled = dict(schedule=torch.profiler.schedule(wait=0, warmup=0, active=STEPS, repeat=1),
+                     on_trace_ready=lambda p: p.export_chrome_trace(path)) if rank == 0 else {}
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, **scheduled) as prof:
         for _ in range(STEPS):
             x = torch.randn(32, 64)
             with record_function("forward"):
@@ -42,5 +48,6 @@ def profiled_job(rank: int, world: int, workdir: Path) -> dict:
                 opt.step()
                 opt.zero_grad()
             prof.step()
-    prof.export_chrome_trace(str(out / f"rank{rank}.json"))
+    if not scheduled:
+        prof.export_chrome_trace(path)
     return {}
