@@ -98,6 +98,23 @@ def test_ingest_token_ingests_but_cannot_read_or_change_alert_rules(srv, toks):
         assert "'ingest'" in r.json()["detail"]
 
 
+def test_agents_read_the_instrumentation_level_but_only_admin_sets_it(srv, toks):
+    body = codec.encode_batch({"jobs": sample_rows("jobs", 1, job="ctl-job")})
+    r = httpx.post(f"{srv.api}/ingest", content=body, timeout=60, headers={
+        **bearer(toks["ingest"]), "Content-Type": codec.ARROW_CONTENT_TYPE, "Idempotency-Key": "ctl-1",
+        "X-Fleetscope-Host": "node-1"})
+    assert r.status_code == 200, r.text
+    path = f"{srv.api}/jobs/ctl-job/instrumentation"
+    for scope in ("ingest", "read", "admin"):  # the agent polls it with its ingest token
+        r = httpx.get(path, headers=bearer(toks[scope]))
+        assert r.status_code == 200, (scope, r.text)
+    for scope in ("ingest", "read"):
+        r = httpx.put(path, headers=bearer(toks[scope]), json={"level": "off"})
+        assert r.status_code == 403, (scope, r.text)
+    assert httpx.put(path, headers=bearer(toks["admin"]), json={"level": "steps"}).status_code == 200
+    assert httpx.get(path, headers=bearer(toks["ingest"])).json()["level"] == "steps"
+
+
 def test_read_token_reads_but_cannot_ingest_or_change_anything(srv, toks):
     t = toks["read"]
     assert httpx.get(f"{srv.api}/jobs", headers=bearer(t)).status_code == 200

@@ -129,11 +129,15 @@ ROUTE_SCOPES: dict[str, str] = {"ingest": "ingest", "clock": "any"}
 """Route modules (by name) that do not follow the method rule of :func:`needed_scope`:
 ``ingest`` needs the ingest scope, ``clock`` any valid token (agents align clocks)."""
 
+ROUTE_METHOD_SCOPES: dict[str, dict[str, str]] = {"instrumentation": {"GET": "any"}}
+"""Per-method exceptions: agents (ingest tokens) read a job's instrumentation level to
+hand it to the hooks; changing it stays admin."""
+
 
 def needed_scope(module: str, method: str) -> str:
     """The scope a route needs: see :data:`ROUTE_SCOPES`; else ``read`` for
     GET/HEAD/OPTIONS and ``admin`` for every other method."""
-    special = ROUTE_SCOPES.get(module)
+    special = ROUTE_SCOPES.get(module) or ROUTE_METHOD_SCOPES.get(module, {}).get(method)
     if special is not None:
         return special
     return "read" if method in ("GET", "HEAD", "OPTIONS") else "admin"
