@@ -420,3 +420,16 @@ def test_poison_batch_rejected_alone_the_rest_of_its_group_stored(tmp_path):
         finally:
             timer.cancel()
             tr.close()
+
+
+def test_content_digest_ignores_row_order_not_content():
+    """An agent re-sending a pending batch may concatenate its frames in another order:
+    still the same batch. Other rows under the same key are not."""
+    from fleetscope.collector import content_digest
+
+    t = codec.rows_to_table(RECORD_TYPES["steps"], sample_rows("steps", 6))
+    other = codec.rows_to_table(RECORD_TYPES["steps"], sample_rows("steps", 6, t0_ns=now_ns() + 1))
+    assert content_digest({"steps": t}) == content_digest({"steps": t.take(pa.array([5, 4, 3, 2, 1, 0]))})
+    assert content_digest({"steps": t}) == content_digest({"steps": pa.concat_tables([t.slice(3), t.slice(0, 3)])})
+    assert content_digest({"steps": t}) != content_digest({"steps": other})
+    assert content_digest({"steps": t}) != content_digest({"steps": t.slice(1)})
