@@ -178,7 +178,11 @@ def _local_docs(app: FastAPI) -> None:
     """``/docs`` (Swagger UI) and ``/redoc`` with every asset served by this server."""
     from pathlib import Path
 
-    import fastapi_offline
+    try:
+        import fastapi_offline
+    except ImportError:  # a venv made before the dependency was added: API works, no UI
+        log.warning("package fastapi-offline is not installed: /docs and /redoc are off")
+        return
     from fastapi.openapi.docs import (
         get_redoc_html,
         get_swagger_ui_html,
