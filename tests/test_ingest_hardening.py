@@ -436,3 +436,16 @@ def test_content_digest_ignores_row_order_not_content():
     assert content_digest({"steps": t}) == content_digest({"steps": pa.concat_tables([t.slice(3), t.slice(0, 3)])})
     assert content_digest({"steps": t}) != content_digest({"steps": other})
     assert content_digest({"steps": t}) != content_digest({"steps": t.slice(1)})
+
+
+def test_limits_are_settings_with_bounds(monkeypatch):
+    from fleetscope.server.settings import Settings
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("FLEETSCOPE_MAX_DECODED_BYTES", "1048576")
+    monkeypatch.setenv("FLEETSCOPE_MAX_RANKS_EXPANDED", "64")
+    s = Settings()
+    assert (s.max_decoded_bytes, s.max_ranks_expanded, s.max_world_size) == (1048576, 64, 2**20)
+    for name, bad in (("max_world_size", 0), ("max_future_s", -1), ("max_inflight_bytes", 10), ("max_symbol_bytes", 1)):
+        with pytest.raises(ValidationError, match=name):
+            Settings(**{name: bad})
