@@ -21,7 +21,7 @@ from .writer import (
     KeyConflict,
     PoisonBatch,
     WriteError,
-    request_digest,
+    content_digest,
 )
 
 __all__ = [
@@ -37,5 +37,5 @@ __all__ = [
     "decode_request",
     "is_malformed",
     "prepare",
-    "request_digest",
+    "content_digest",
 ]

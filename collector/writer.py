@@ -34,8 +34,8 @@ A batch is reported ``duplicate`` when every one of its tables was already store
 Keys are scoped and bound to content
 ------------------------------------
 The stored batch id is ``scope \x1f key \x1f digest``: ``scope`` is the sending host
-(``X-Fleetscope-Host``), so two hosts may use the same key; ``digest`` is a hash of the
-request (body, content type, clock offset), so a key re-used with other content is
+(``X-Fleetscope-Host``), so two hosts may use the same key; ``digest`` is
+:func:`content_digest` of the decoded rows, so a key re-used with other content is
 answered :class:`KeyConflict` (HTTP 409) instead of being dropped as a duplicate. The
 lookup in step 2 is one primary-key range per key (``scope \x1f key \x1f`` prefix).
 
@@ -105,11 +105,31 @@ def stored_batch_id(scope: str, key: str, digest: str) -> str:
     return f"{scope}{SEP}{key}{SEP}{digest}"
 
 
-def request_digest(body: bytes, content_type: str, clock_offset_ns: int) -> str:
-    """What a batch id is bound to: 16 hex digits of SHA-256 over the request."""
+def content_digest(tables: dict[str, pa.Table]) -> str:
+    """What a batch id is bound to: 16 hex digits of SHA-256 over an order-insensitive
+    fingerprint of the decoded batch (per record type: rows, the wrapping sum of every
+    integer column, the total length of every string column).
+
+    Order-insensitive because an agent re-sending a pending batch after a restart
+    re-reads its frames file by file and may concatenate them in another order than the
+    first attempt; the rows are the same, so it must be the same batch.
+    """
+    import pyarrow.compute as pc
+
     h = hashlib.sha256()
-    h.update(f"{content_type.split(';')[0].strip().lower()}\0{clock_offset_ns}\0".encode())
-    h.update(body)
+    for name in sorted(tables):
+        t = tables[name]
+        if not t.num_rows:
+            continue
+        h.update(f"{name}:{t.num_rows}".encode())
+        for col_name, col in zip(t.column_names, t.columns):
+            if pa.types.is_integer(col.type):
+                v = pc.sum(col.cast(pa.int64())).as_py()
+            elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+                v = pc.sum(pc.binary_length(col)).as_py()
+            else:
+                continue
+            h.update(f"|{col_name}={v}".encode())
     return h.hexdigest()[:16]
 
 
@@ -247,7 +267,7 @@ class IngestWriter:
         Args:
             key: the client's Idempotency-Key (None: a fresh one).
             scope: who sent it (the host); keys are unique per scope.
-            digest: :func:`request_digest` of the request the key is bound to.
+            digest: :func:`content_digest` of the batch the key is bound to.
 
         Raises:
             Backpressure: the queue holds too many rows already.

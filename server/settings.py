@@ -140,8 +140,6 @@ class Settings(BaseSettings):
     max_symbol_bytes: int = Field(200, ge=16, le=4096)
     """Longest name/id value (job, host, op, group id, ...); the SQL job and host columns
     hold 200. 422 beyond."""
-    max_json_depth: int = Field(64, ge=4, le=1000)
-    """Deepest nesting accepted in a JSON ingest body. 400 beyond."""
     max_world_size: int = Field(2**20, ge=1, le=2**24)
     """Largest job (dp x tp x pp) and 1 + the largest rank accepted. 422 beyond."""
     max_future_s: float = Field(3600.0, ge=0, le=7 * 86_400)

@@ -27,9 +27,9 @@ from fleetscope.collector import (
     PoisonBatch,
     UnsupportedContentType,
     WriteError,
+    content_digest,
     decode_request,
     is_malformed,
-    request_digest,
 )
 from fleetscope.server.api.deps import CollectorDep, SettingsDep
 from fleetscope.server.api.models import IngestResponse, JsonBatch
@@ -160,7 +160,7 @@ async def _ingest_body(request, collector, settings, key, host, offset, offset_t
 
     def work(data: bytes):
         tables = decode_request(data, ct, host, offset, limits)
-        return tables, (request_digest(data, ct, offset) if key else "")
+        return tables, (content_digest(tables) if key else "")
 
     try:
         if len(body) > _THREAD_DECODE_BYTES:

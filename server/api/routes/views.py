@@ -116,6 +116,7 @@ def heatmap(
     job: str,
     store: StoreDep,
     session: SessionDep,
+    settings: SettingsDep,
     metric: Annotated[str, Query(description=f"one of {', '.join(view_queries.METRICS)}")] = "step",
     agg: Annotated[str, Query(description="cell aggregate when ranks/steps are bucketed: max | mean | min")] = "max",
     from_step: Annotated[int | None, Query(ge=0)] = None,
@@ -130,7 +131,7 @@ def heatmap(
         raise HTTPException(422, detail=f"metric {metric!r}: expected one of {list(view_queries.METRICS)}")
     if agg not in view_queries.AGGREGATES:
         raise HTTPException(422, detail=f"agg {agg!r}: expected one of {list(view_queries.AGGREGATES)}")
-    jv = resolve_job(session, store, job)
+    jv = resolve_job(session, store, job, settings.max_world_size)
     m = view_queries.METRICS[metric]
     window = step_window(store, jv, from_step, to_step, max_cols)
     row_bucket = heatmap_view.row_bucket_size(jv.topo, max_rows)
@@ -147,13 +148,14 @@ def grid(
     job: str,
     store: StoreDep,
     session: SessionDep,
+    settings: SettingsDep,
     window_steps: Annotated[int, Query(ge=1, le=1000, description="recent steps the score is taken over")] = 20,
     max_cells: Annotated[int, Query(ge=1, le=100_000)] = 16_384,
 ) -> Response:
     """Per-rank state (ok, slow, stuck, dead, missing) and straggler score (own work ÷
     median of the rest of its pipeline stage over the recent window) for the 3D grid;
     DP replicas are bucketed (worst wins) beyond ``max_cells`` ranks."""
-    jv = resolve_job(session, store, job)
+    jv = resolve_job(session, store, job, settings.max_world_size)
     now_ns = time.time_ns()
     world = jv.topo.world_size
     window = step_window(store, jv, None, None, window_steps)
@@ -180,10 +182,11 @@ def trend(
     job: str,
     store: StoreDep,
     session: SessionDep,
+    settings: SettingsDep,
     max_steps: Annotated[int, Query(ge=2, le=100_000)] = 500,
 ) -> dict:
     """Per step: median and slowest rank step time (ms) and MFU, for the job header."""
-    jv = resolve_job(session, store, job)
+    jv = resolve_job(session, store, job, settings.max_world_size)
     window = step_window(store, jv, None, None, max_steps)
     out: dict = {"job": job, "steps": [], "median_ms": [], "max_ms": [], "mfu": []}
     if window is None:
@@ -200,9 +203,9 @@ def trend(
     return out
 
 
-def _timeline_input(store, session, job, ranks, focus, from_step, to_step, default_len, max_ranks=2**20):
-    check_rank_spec(ranks, max_ranks)
-    jv = resolve_job(session, store, job)
+def _timeline_input(store, session, job, ranks, focus, from_step, to_step, default_len, settings):
+    check_rank_spec(ranks, settings.max_ranks_expanded)
+    jv = resolve_job(session, store, job, settings.max_world_size)
     try:
         rank_list = timeline_view.parse_ranks(ranks or "", jv.topo) or timeline_view.default_ranks(jv.topo, focus)
     except ValueError as e:
@@ -227,7 +230,7 @@ def timeline(
     """Sections and collectives/p2p of a rank set in a step window (default: the last two
     steps), at most ``max_spans`` of them, with send -> recv dependency links."""
     jv, rank_list, window = _timeline_input(
-        store, session, job, ranks, rank, from_step, to_step, 2, settings.max_ranks_expanded
+        store, session, job, ranks, rank, from_step, to_step, 2, settings
     )
     if len(rank_list) > max_ranks:
         raise HTTPException(422, detail=f"ranks: {len(rank_list)} ranks selected, at most max_ranks={max_ranks}")
@@ -252,7 +255,7 @@ def trace(
     """The same window as ``/timeline`` as a Chrome trace-event file (open it in
     https://ui.perfetto.dev or chrome://tracing)."""
     jv, rank_list, window = _timeline_input(
-        store, session, job, ranks, rank, from_step, to_step, 2, settings.max_ranks_expanded
+        store, session, job, ranks, rank, from_step, to_step, 2, settings
     )
     df = view_queries.empty_spans()
     total = 0
@@ -269,6 +272,7 @@ def hardware(
     job: str,
     store: StoreDep,
     session: SessionDep,
+    settings: SettingsDep,
     rank: Annotated[int, Query(ge=0)],
     from_step: Annotated[int | None, Query(ge=0)] = None,
     to_step: Annotated[int | None, Query(ge=0)] = None,
@@ -276,7 +280,7 @@ def hardware(
     """GPU metrics of ``rank``, NIC/RDMA counters and log events (XID, ECC, NCCL...) of
     its host over the time span of the step window (default: the last 20 steps; the
     last 5 minutes when the rank has no completed step in it)."""
-    jv = resolve_job(session, store, job)
+    jv = resolve_job(session, store, job, settings.max_world_size)
     if rank >= jv.topo.world_size:
         raise HTTPException(422, detail=f"rank={rank} outside 0..{jv.topo.world_size - 1}")
     host = view_queries.rank_host(store, job, rank)
