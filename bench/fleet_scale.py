@@ -251,6 +251,7 @@ class Sim:
     inject: list[str] = field(default_factory=list)
     tp_ops: int = 4
     batch_delay_s: float = 1.0
+    drain_s: float = 60.0
     proc: subprocess.Popen | None = None
 
     def start(self) -> Sim:
@@ -258,7 +259,8 @@ class Sim:
         cmd = [PY, "-m", "fleetscope.cli", "simulate", "--server", self.server.url, "--quiet",
                "--dp", str(self.world // 64), "--pp", "8", "--tp", "8", "--steps", str(self.steps),
                "--step-ms", str(self.step_ms), "--job", self.job, "--results", str(self.results),
-               "--tp-ops-per-microbatch", str(self.tp_ops), "--batch-delay", str(self.batch_delay_s)]
+               "--tp-ops-per-microbatch", str(self.tp_ops), "--batch-delay", str(self.batch_delay_s),
+               "--drain-timeout", str(self.drain_s)]
         for s in self.inject:
             cmd += ["--inject", s]
         self.out = self.work / f"sim-{self.job}.json"
@@ -354,9 +356,11 @@ def faulted(args, world: int, work: Path, kinds: list[str]) -> dict[str, Any]:
                     "host_down": f"host_down:host={num_hosts // 3}:step={onset_step}"}[kind]
             steps = max(args.steps, onset_step + 50)
             sims[kind] = (Sim(srv, f"{kind}{world}", world, steps, args.step_ms, work, [spec],
-                              tp_ops=args.tp_ops, batch_delay_s=args.batch_delay).start(), culprit)
+                              tp_ops=args.tp_ops, batch_delay_s=args.batch_delay, drain_s=5.0).start(),
+                           culprit)
         out: dict[str, Any] = {"world": world}
-        limit = {"hang": 90.0, "straggler": 120.0, "host_down": 90.0}
+        limit = {"hang": 2 * TARGETS["hang_page_s"], "straggler": 2 * TARGETS["straggler_s"],
+                 "host_down": 2 * TARGETS["host_down_s"]}  # past twice the target: a miss
         pending = dict(sims)
         t_end = time.monotonic() + 60 + onset_step * args.step_ms / 1e3 + max(limit.values())
         while pending and time.monotonic() < t_end:
@@ -368,6 +372,11 @@ def faulted(args, world: int, work: Path, kinds: list[str]) -> dict[str, Any]:
                 try:
                     if kind == "hang":
                         hit = rx.page(sim.job, culprit)
+                        if "hang_stalled" not in out:
+                            h = srv.http.get(f"{srv.api}/jobs/{sim.job}/hang").json()
+                            if h.get("stalled"):
+                                out["hang_stalled"] = time.time() - onset
+                                out["hang_culprits"] = h.get("culprits")
                     elif kind == "straggler":
                         items = srv.http.get(f"{srv.api}/jobs/{sim.job}/stragglers").json().get("items", [])
                         if any(i.get("ranks") == [culprit] and i.get("kind") == "slow_compute" for i in items):
@@ -641,6 +650,9 @@ def print_size(w: int, r: dict[str, Any], label: str | None = None) -> None:
             p50, mx, n, src = p[kind]
             print(f"  {kind} pass p50 {fmt(p50)}, max {fmt(mx)} ({n} passes, {src})")
         print(f"  RSS of the server's process tree (peak) {c['rss_gib']:.2f} GiB; findings on the clean run: {c['findings']}")
+    h = r.get("hang") or {}
+    if "hang_stalled" in h:
+        print(f"  hang: server says stalled {fmt(h['hang_stalled'])} after onset, culprits {h.get('hang_culprits')}")
     for kind, what in (("hang", "hang -> webhook page with culprit"), ("straggler", "1.2x straggler named"),
                        ("host_down", "host_down -> incident naming the host")):
         if kind in r and kind in r[kind]:
@@ -656,10 +668,11 @@ def target_checks(w: int, r: dict[str, Any], label: str = "") -> list[tuple[str,
         out.append((f"ingest lag p95 <= 5 s ({at})", c["lag_p95"] <= TARGETS["ingest_lag_s"] and c["drained"],
                     f"{c['lag_p95']:.2f} s, drained {c['drained']}"))
         p50, _, n, src = c["passes"]["full"]
-        out.append((f"full pass p50 <= 2 s ({at})", None if n == 0 else p50 <= TARGETS["full_pass_p50_s"],
+        # a pass time the server does not expose is a target not shown to be met
+        out.append((f"full pass p50 <= 2 s ({at})", n > 0 and p50 <= TARGETS["full_pass_p50_s"],
                     f"{fmt(p50)} ({n} passes, {src})" if n else f"not measured ({src})"))
         p50, mx, n, src = c["passes"]["hang"]
-        out.append((f"hang pass p50 <= 0.5 s ({at})", None if n == 0 else p50 <= TARGETS["hang_pass_p50_s"],
+        out.append((f"hang pass p50 <= 0.5 s ({at})", n > 0 and p50 <= TARGETS["hang_pass_p50_s"],
                     f"p50 {fmt(p50)}, max {fmt(mx)} ({n} passes, {src})" if n else f"not measured ({src})"))
         out.append((f"no findings on a clean run ({at})", c["findings"] == 0, f"{c['findings']} incidents"))
         out.append((f"RSS of fleetscope processes <= 6 GiB ({at})", c["rss_gib"] <= TARGETS["rss_gib"],
