@@ -230,28 +230,30 @@ def test_bad_flags_are_cli_errors():
     assert p.returncode == 2 and "steps must be a positive integer, got 0" in p.stderr
 
 
-def test_a_real_server_takes_the_simulated_job(tmp_path):
+def test_a_real_server_takes_the_simulated_job_and_its_429s_lose_nothing(tmp_path):
     import httpx
 
     from tests.helpers.server import running_server
 
-    with running_server(tmp_path / "srv") as url:
+    # a writer queue of 1,000 rows: 8 agents' concurrent batches overflow it (429 + Retry-After)
+    with running_server(tmp_path / "srv", max_queue_rows=1000) as url:
         res = tmp_path / "res"
-        p = simulate(url, "--dp", "2", "--tp", "2", "--pp", "2", "--gpus-per-host", "4", "--steps", "6",
+        p = simulate(url, "--dp", "4", "--tp", "2", "--pp", "2", "--gpus-per-host", "2", "--steps", "6",
                      "--step-ms", "400", "--job", "simj", "--results", str(res), "--compression", "zstd",
                      "--inject", "straggler:rank=5:factor=1.3:from_step=2")
         assert p.returncode == 0, p.stderr + p.stdout
         summary = json.loads(p.stdout)
         assert summary["records_acked"] == summary["records_generated"] > 1000
         assert summary["rejected_batches"] == 0 and summary["status"] == "finished"
+        assert summary["throttled_429"] > 0, summary
         api = httpx.Client(base_url=url.api, timeout=30)
         job = api.get("/jobs/simj").json()
-        assert job["status"] == "finished" and job["num_ranks_reporting"] == 8 and job["last_step"] == 5
+        assert job["status"] == "finished" and job["num_ranks_reporting"] == 16 and job["last_step"] == 5
         steps = api.get("/jobs/simj/steps").json()["rows"]
-        assert {(r["rank"], r["step"]) for r in steps} == {(r, s) for r in range(8) for s in range(6)}
+        assert {(r["rank"], r["step"]) for r in steps} == {(r, s) for r in range(16) for s in range(6)}
         truth = json.loads((res / "ground_truth.json").read_text())
         assert truth["faults"][0]["culprit_ranks"] == [5] and truth["faults"][0]["onset_step"] == 2
-        assert truth["num_hosts"] == 2
+        assert truth["num_hosts"] == 8
 
 
 @pytest.mark.slow
