@@ -542,8 +542,8 @@ def fmt(v: float | None, unit: str = "s") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="1024,4096,12288", help="world sizes, multiples of 64 (default 1024,4096,12288)")
-    ap.add_argument("--steps", type=int, default=30, help="steps per run (default 30)")
+    ap.add_argument("--sizes", default=None, help="world sizes, multiples of 64 (default 1024,4096,12288)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 30)")
     ap.add_argument("--step-ms", type=float, default=2000.0, help="step time (default 2000)")
     ap.add_argument("--tp-ops", type=int, default=4, help="--tp-ops-per-microbatch of the runs (default 4)")
     ap.add_argument("--batch-delay", type=float, default=1.0,
@@ -551,11 +551,11 @@ def main(argv: list[str] | None = None) -> int:
                          "own default is 0.5)")
     ap.add_argument("--scenarios", default="clean,hang,straggler,host_down",
                     help="per size: clean,hang,straggler,host_down (default all)")
-    ap.add_argument("--concurrent", type=int, default=4096,
+    ap.add_argument("--concurrent", type=int, default=None,
                     help="world size of the two concurrent jobs, 0 to skip (default 4096)")
-    ap.add_argument("--k-sweep", default="1,2,4,8",
+    ap.add_argument("--k-sweep", default=None,
                     help="--tp-ops-per-microbatch values tried at the largest size, '' to skip")
-    ap.add_argument("--pure-sizes", default="8,64,512,1024,2048,4096,12288",
+    ap.add_argument("--pure-sizes", default=None,
                     help="world sizes of the pure pass timing, '' to skip")
     ap.add_argument("--quick", action="store_true",
                     help="1,024 ranks, 14-step runs, no concurrent jobs, no K sweep, pure pass up to 1,024")
@@ -564,12 +564,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the simulator's own cost per step at --sizes (no server)")
     ap.add_argument("--_pure", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    full = {"sizes": "1024,4096,12288", "steps": 30, "concurrent": 4096, "k_sweep": "1,2,4,8",
+            "pure_sizes": "8,64,512,1024,2048,4096,12288"}
+    quick = {"sizes": "1024", "steps": 14, "concurrent": 0, "k_sweep": "", "pure_sizes": "8,64,512,1024"}
+    for k, v in (quick if args.quick else full).items():  # flags given explicitly win
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     if args._pure:
         print(json.dumps(pure_one(args._pure, args.steps + 2)), flush=True)
         return 0
-    if args.quick:
-        args.sizes, args.steps, args.concurrent, args.k_sweep = "1024", 14, 0, ""
-        args.pure_sizes = "8,64,512,1024"
     sizes = [int(s) for s in args.sizes.split(",") if s]
     bad = [s for s in sizes if s % 64 or s < 64]
     if bad:
