@@ -302,3 +302,55 @@ def test_a_1024_rank_hang_is_diagnosed_end_to_end(tmp_path):
                 p.wait(120)
     finally:
         rx.close()
+
+
+# ---------------------------------------------------------------------------- diagnosable
+def diagnose_simulated(tmp_path, injections, num_steps=12, tail_s=40):
+    """A 128-rank (2 x 8 x 8) simulated job stored in chdb as the agents would deliver it
+    (5 s batches), diagnosed by the server's own loader and engine ``tail_s`` after the
+    last step was due."""
+    from fleetscope.server.diagnosis.engine import JobInfo, diagnose
+    from fleetscope.server.diagnosis.loader import load_job_frames
+    from fleetscope.server.store.client import Store
+
+    topo = Topology(dp=2, pp=8, tp=8)
+    m = model(topo=topo, injections=injections, step_ms=2000.0, seed=1)
+    hosts = [f"d-h{h:02d}" for h in range(16)]
+    span_s = num_steps * 2 + tail_s
+    t0 = time.time_ns() - span_s * 10**9
+    fleet = Fleet(m.layout, "dj", t0, 8, hosts, 4, 1024, Periods(), seed=1)
+    fleet.set_phase(m.phase)
+    fleet.add_job_row(0.0, name="dj", dp=2, tp=8, pp=8, num_microbatches=4, status="running")
+    clock = np.zeros(m.layout.shape)
+    for s in range(num_steps):
+        o = m.play(s, clock)
+        fleet.add_step(o)
+        clock = o.end
+    store = Store.open(f"chdb://{tmp_path / 'store'}")
+    try:
+        for k in [*range(5, span_s, 5), span_s]:
+            for name, (table, _) in fleet.take(k * 1e9).items():
+                store.insert_arrow(name, table)
+        now = t0 + span_s * 10**9
+        info = JobInfo(job="dj", topology=topo, num_microbatches=4, model_flops_per_step=1e15,
+                       device_peak_flops=989e12, start_ns=t0)
+        return diagnose(info, load_job_frames(store, "dj", now, window_steps=24), now)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("case", ["clean", "straggler", "hang"])
+def test_the_servers_detectors_read_the_simulated_job_right(tmp_path, case):
+    inject = {"clean": [], "straggler": ["straggler:rank=67:factor=1.2:from_step=3"],
+              "hang": ["hang:rank=67:step=8:where=collective"]}[case]
+    d = diagnose_simulated(tmp_path, inject, num_steps=12 if case != "hang" else 10,
+                           tail_s=40 if case == "hang" else 2)
+    kinds = [(str(f.kind.value), f.ranks) for f in d.findings]
+    if case == "clean":
+        assert kinds == [] and not d.hang.stalled
+    elif case == "straggler":
+        assert kinds == [("slow_compute", (67,))] and not d.hang.stalled
+    else:
+        assert d.hang.stalled and d.hang.culprits == (67,), d.hang
+        assert d.hang.hang_class.value == "stuck_in_compute"
+        assert d.hang.evidence["num_waiting_on_culprit"] == {"67": 127}
