@@ -251,6 +251,7 @@ class Sim:
     inject: list[str] = field(default_factory=list)
     tp_ops: int = 4
     batch_delay_s: float = 1.0
+    drain_s: float = 60.0
     proc: subprocess.Popen | None = None
 
     def start(self) -> Sim:
@@ -258,7 +259,8 @@ class Sim:
         cmd = [PY, "-m", "fleetscope.cli", "simulate", "--server", self.server.url, "--quiet",
                "--dp", str(self.world // 64), "--pp", "8", "--tp", "8", "--steps", str(self.steps),
                "--step-ms", str(self.step_ms), "--job", self.job, "--results", str(self.results),
-               "--tp-ops-per-microbatch", str(self.tp_ops), "--batch-delay", str(self.batch_delay_s)]
+               "--tp-ops-per-microbatch", str(self.tp_ops), "--batch-delay", str(self.batch_delay_s),
+               "--drain-timeout", str(self.drain_s)]
         for s in self.inject:
             cmd += ["--inject", s]
         self.out = self.work / f"sim-{self.job}.json"
@@ -354,9 +356,11 @@ def faulted(args, world: int, work: Path, kinds: list[str]) -> dict[str, Any]:
                     "host_down": f"host_down:host={num_hosts // 3}:step={onset_step}"}[kind]
             steps = max(args.steps, onset_step + 50)
             sims[kind] = (Sim(srv, f"{kind}{world}", world, steps, args.step_ms, work, [spec],
-                              tp_ops=args.tp_ops, batch_delay_s=args.batch_delay).start(), culprit)
+                              tp_ops=args.tp_ops, batch_delay_s=args.batch_delay, drain_s=5.0).start(),
+                           culprit)
         out: dict[str, Any] = {"world": world}
-        limit = {"hang": 90.0, "straggler": 120.0, "host_down": 90.0}
+        limit = {"hang": 2 * TARGETS["hang_page_s"], "straggler": 2 * TARGETS["straggler_s"],
+                 "host_down": 2 * TARGETS["host_down_s"]}  # past twice the target: a miss
         pending = dict(sims)
         t_end = time.monotonic() + 60 + onset_step * args.step_ms / 1e3 + max(limit.values())
         while pending and time.monotonic() < t_end:
@@ -368,6 +372,11 @@ def faulted(args, world: int, work: Path, kinds: list[str]) -> dict[str, Any]:
                 try:
                     if kind == "hang":
                         hit = rx.page(sim.job, culprit)
+                        if "hang_stalled" not in out:
+                            h = srv.http.get(f"{srv.api}/jobs/{sim.job}/hang").json()
+                            if h.get("stalled"):
+                                out["hang_stalled"] = time.time() - onset
+                                out["hang_culprits"] = h.get("culprits")
                     elif kind == "straggler":
                         items = srv.http.get(f"{srv.api}/jobs/{sim.job}/stragglers").json().get("items", [])
                         if any(i.get("ranks") == [culprit] and i.get("kind") == "slow_compute" for i in items):
@@ -533,8 +542,8 @@ def fmt(v: float | None, unit: str = "s") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="1024,4096,12288", help="world sizes, multiples of 64 (default 1024,4096,12288)")
-    ap.add_argument("--steps", type=int, default=30, help="steps per run (default 30)")
+    ap.add_argument("--sizes", default=None, help="world sizes, multiples of 64 (default 1024,4096,12288)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 30)")
     ap.add_argument("--step-ms", type=float, default=2000.0, help="step time (default 2000)")
     ap.add_argument("--tp-ops", type=int, default=4, help="--tp-ops-per-microbatch of the runs (default 4)")
     ap.add_argument("--batch-delay", type=float, default=1.0,
@@ -542,11 +551,11 @@ def main(argv: list[str] | None = None) -> int:
                          "own default is 0.5)")
     ap.add_argument("--scenarios", default="clean,hang,straggler,host_down",
                     help="per size: clean,hang,straggler,host_down (default all)")
-    ap.add_argument("--concurrent", type=int, default=4096,
+    ap.add_argument("--concurrent", type=int, default=None,
                     help="world size of the two concurrent jobs, 0 to skip (default 4096)")
-    ap.add_argument("--k-sweep", default="1,2,4,8",
+    ap.add_argument("--k-sweep", default=None,
                     help="--tp-ops-per-microbatch values tried at the largest size, '' to skip")
-    ap.add_argument("--pure-sizes", default="8,64,512,1024,2048,4096,12288",
+    ap.add_argument("--pure-sizes", default=None,
                     help="world sizes of the pure pass timing, '' to skip")
     ap.add_argument("--quick", action="store_true",
                     help="1,024 ranks, 14-step runs, no concurrent jobs, no K sweep, pure pass up to 1,024")
@@ -555,12 +564,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the simulator's own cost per step at --sizes (no server)")
     ap.add_argument("--_pure", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    full = {"sizes": "1024,4096,12288", "steps": 30, "concurrent": 4096, "k_sweep": "1,2,4,8",
+            "pure_sizes": "8,64,512,1024,2048,4096,12288"}
+    quick = {"sizes": "1024", "steps": 14, "concurrent": 0, "k_sweep": "", "pure_sizes": "8,64,512,1024"}
+    for k, v in (quick if args.quick else full).items():  # flags given explicitly win
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     if args._pure:
         print(json.dumps(pure_one(args._pure, args.steps + 2)), flush=True)
         return 0
-    if args.quick:
-        args.sizes, args.steps, args.concurrent, args.k_sweep = "1024", 14, 0, ""
-        args.pure_sizes = "8,64,512,1024"
     sizes = [int(s) for s in args.sizes.split(",") if s]
     bad = [s for s in sizes if s % 64 or s < 64]
     if bad:
@@ -641,6 +653,9 @@ def print_size(w: int, r: dict[str, Any], label: str | None = None) -> None:
             p50, mx, n, src = p[kind]
             print(f"  {kind} pass p50 {fmt(p50)}, max {fmt(mx)} ({n} passes, {src})")
         print(f"  RSS of the server's process tree (peak) {c['rss_gib']:.2f} GiB; findings on the clean run: {c['findings']}")
+    h = r.get("hang") or {}
+    if "hang_stalled" in h:
+        print(f"  hang: server says stalled {fmt(h['hang_stalled'])} after onset, culprits {h.get('hang_culprits')}")
     for kind, what in (("hang", "hang -> webhook page with culprit"), ("straggler", "1.2x straggler named"),
                        ("host_down", "host_down -> incident naming the host")):
         if kind in r and kind in r[kind]:
@@ -656,10 +671,11 @@ def target_checks(w: int, r: dict[str, Any], label: str = "") -> list[tuple[str,
         out.append((f"ingest lag p95 <= 5 s ({at})", c["lag_p95"] <= TARGETS["ingest_lag_s"] and c["drained"],
                     f"{c['lag_p95']:.2f} s, drained {c['drained']}"))
         p50, _, n, src = c["passes"]["full"]
-        out.append((f"full pass p50 <= 2 s ({at})", None if n == 0 else p50 <= TARGETS["full_pass_p50_s"],
+        # a pass time the server does not expose is a target not shown to be met
+        out.append((f"full pass p50 <= 2 s ({at})", n > 0 and p50 <= TARGETS["full_pass_p50_s"],
                     f"{fmt(p50)} ({n} passes, {src})" if n else f"not measured ({src})"))
         p50, mx, n, src = c["passes"]["hang"]
-        out.append((f"hang pass p50 <= 0.5 s ({at})", None if n == 0 else p50 <= TARGETS["hang_pass_p50_s"],
+        out.append((f"hang pass p50 <= 0.5 s ({at})", n > 0 and p50 <= TARGETS["hang_pass_p50_s"],
                     f"p50 {fmt(p50)}, max {fmt(mx)} ({n} passes, {src})" if n else f"not measured ({src})"))
         out.append((f"no findings on a clean run ({at})", c["findings"] == 0, f"{c['findings']} incidents"))
         out.append((f"RSS of fleetscope processes <= 6 GiB ({at})", c["rss_gib"] <= TARGETS["rss_gib"],

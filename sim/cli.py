@@ -83,7 +83,8 @@ def register(subparsers: Any) -> None:
                    help="Arrow IPC compression (default none: 1,536 agents' zstd would "
                         "measure this machine's CPU, not the server)")
     s.add_argument("--fast", action="store_true",
-                   help="do not wait for real time: the job's time-stamps end now")
+                   help="do not wait for real time: the job is played as fast as it ships, with "
+                        "time-stamps that end when the simulator started")
     s.add_argument("--drain-timeout", type=float, default=60.0, metavar="S",
                    help="at the end, wait this long for unacknowledged batches (default 60)")
     s.add_argument("--quiet", action="store_true", help="no progress line")

@@ -87,9 +87,9 @@ class Fleet:
             if cols["rank"].size == 0:
                 continue
             rel_t = cols[rel]
-            keep = np.isfinite(rel_t)
-            order = np.argsort(rel_t[keep], kind="stable")
-            seg = {k: v[keep][order] for k, v in cols.items()}
+            keep = np.nonzero(np.isfinite(rel_t))[0]
+            idx = keep[np.argsort(rel_t[keep], kind="stable")]
+            seg = {k: v[idx] for k, v in cols.items()}
             seg["_release"] = seg[rel]
             self.pending[name].append(seg)
         if out.blocked["rank"].size:
@@ -134,17 +134,19 @@ class Fleet:
                     parts.append(more)
             if not parts:
                 continue
-            cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if len(parts) > 1 else parts[0]
             alive = ~self.dead[cols["rank"]]
             if name == "inflight":
                 alive &= np.isfinite(cols["ts"])
-            cols = {k: v[alive] for k, v in cols.items()}
-            if cols["rank"].size == 0:
+            keep = np.nonzero(alive)[0]
+            if keep.size == 0:
                 continue
+            hosts = self.host_of[cols["rank"][keep]]
+            # stable, so each host's rows stay in time order; radix sort on 16-bit keys
+            order = np.argsort(hosts.astype(np.uint16) if self.num_hosts <= 1 << 16 else hosts, kind="stable")
+            idx = keep[order]
+            cols = {k: v[idx] for k, v in cols.items()}
             self._observe(name, cols)
-            hosts = self.host_of[cols["rank"]]
-            order = np.argsort(hosts, kind="stable")
-            cols = {k: v[order] for k, v in cols.items()}
             out[name] = (getattr(self, f"_{name}_table")(cols), _offsets(hosts[order], self.num_hosts))
         for name, fn in (("heartbeats", self._heartbeats), ("metrics", self._metrics)):
             got = fn(now_rel)
