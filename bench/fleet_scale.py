@@ -88,6 +88,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSCOPE_")}
         env["FLEETSCOPE_UI"] = "false"
+        env["FLEETSCOPE_WEBHOOK_ALLOW"] = "127.0.0.1"  # the bench's receiver is on loopback
         for k, v in settings.items():
             env[f"FLEETSCOPE_{k.upper()}"] = str(v)
         self.log_path = work / "server.log"

@@ -268,7 +268,8 @@ def test_a_1024_rank_hang_is_diagnosed_end_to_end(tmp_path):
     rx = Receiver()
     http = httpx.Client(timeout=60)
     try:
-        with running_server(tmp_path / "srv", diagnosis_tick_s=1, hang_min_s=8) as url:
+        with running_server(tmp_path / "srv", diagnosis_tick_s=1, hang_min_s=8,
+                            webhook_allow="127.0.0.1") as url:
             http.post(f"{url.api}/alerts/webhooks", json={"name": "rx", "url": rx.url}).raise_for_status()
             res = tmp_path / "res"
             p = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "simulate", "--server", url, "--quiet",
