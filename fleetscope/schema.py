@@ -105,8 +105,14 @@ class RecordType:
         return tuple(c.name for c in self.columns)
 
     def arrow_schema(self) -> Any:
-        """The canonical Arrow schema (cached: codec hot paths call this per table)."""
-        return _arrow_schema(self)
+        """The canonical Arrow schema, built once per record type and kept on it (codec hot
+        paths call this per table; a cache keyed by the record type would hash every column
+        on every call)."""
+        cached = self.__dict__.get("_arrow_schema")
+        if cached is None:
+            cached = self._build_arrow_schema()
+            object.__setattr__(self, "_arrow_schema", cached)
+        return cached
 
     def _build_arrow_schema(self) -> Any:
         import pyarrow as pa
@@ -118,11 +124,6 @@ class RecordType:
                 b"fleetscope.schema_version": str(SCHEMA_VERSION).encode(),
             },
         )
-
-
-@functools.cache
-def _arrow_schema(rt: RecordType) -> Any:
-    return rt._build_arrow_schema()
 
 
 def _c(name: str, t: ColType, doc: str = "", default: Any = None) -> Column:
