@@ -123,10 +123,24 @@ def job_diagnosis(app: Any, store: Any, session: Any, job: str, max_age_s: float
     settings = app.state.settings
     max_age = max_age_s if max_age_s is not None else 2.5 * float(getattr(settings, "diagnosis_tick_s", 2.0))
     now = time.time_ns()
-    if loop is not None:
-        cached = loop.latest.get(job)
-        if cached is not None and now - cached.computed_ns <= max_age * 1e9:
-            return cached
+    # the loop's results (diagnosis in this process), else this process' own recent passes
+    # (the loop runs in a worker process): one on-demand pass per job per max_age
+    latest = loop.latest if loop is not None else _on_demand(app)
+    cached = latest.get(job)
+    if cached is not None and now - cached.computed_ns <= max_age * 1e9:
+        return cached
     collector = getattr(app.state, "collector", None)
-    return diagnose_job(store, job_info(row), now, config_from_settings(settings),
-                        dict(getattr(collector, "host_seen_ns", None) or {}))
+    result = diagnose_job(store, job_info(row), now, config_from_settings(settings),
+                          dict(getattr(collector, "host_seen_ns", None) or {}))
+    if loop is None:
+        latest[job] = result
+        while len(latest) > 64:  # bounded: the oldest entries go first
+            latest.pop(next(iter(latest)))
+    return result
+
+
+def _on_demand(app: Any) -> dict[str, JobDiagnosis]:
+    d = getattr(app.state, "diagnosis_on_demand", None)
+    if d is None:
+        d = app.state.diagnosis_on_demand = {}
+    return d

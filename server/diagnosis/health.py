@@ -9,6 +9,7 @@ hang findings of the same ranks and time can carry them as evidence.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from .findings import Finding, FindingKind, Severity
@@ -45,38 +46,45 @@ def detect_heartbeat_loss(
     if heartbeats.empty:
         return []
     hb = heartbeats.sort_values("ts_ns")
+    # vectorised per host (a Python loop over 1,536 hosts' groups cost a minute per pass)
+    latest = hb.groupby(["host", "rank"], sort=False).tail(1)
+    host_ts = hb.groupby("host")["ts_ns"].max()
+    hosts = host_ts.index.astype(str)
+    age = (now_ns - host_ts.to_numpy(dtype="int64")) / 1e9
+    data = np.array([int((host_data_ns or {}).get(h, now_ns)) for h in hosts], dtype="int64")
+    seen = np.array([int((host_seen_ns or {}).get(h, 0)) for h in hosts], dtype="int64")
+    behind = (data - host_ts.to_numpy(dtype="int64")) / 1e9
+    delivered = (now_ns - seen) / 1e9
+    silent = (age > stale_s) & (behind > stale_s) & (delivered > stale_s)
+    ranks_of = latest[latest["rank"] >= 0].groupby("host")["rank"].apply(lambda x: sorted(int(r) for r in x))
     out = []
-    for host, g in hb.groupby("host"):
-        last_ts = int(g["ts_ns"].max())
-        latest = g.groupby("rank").tail(1)
-        ranks = sorted(int(r) for r in latest["rank"] if r >= 0)
-        age_s = (now_ns - last_ts) / 1e9
-        behind_s = (int((host_data_ns or {}).get(str(host), now_ns)) - last_ts) / 1e9
-        delivered_s = (now_ns - int((host_seen_ns or {}).get(str(host), 0))) / 1e9
-        if age_s > stale_s and behind_s > stale_s and delivered_s > stale_s:
-            out.append(Finding(
-                kind=FindingKind.HEARTBEAT_LOST, job=job, ranks=tuple(ranks), score=age_s / stale_s,
-                severity=Severity.CRITICAL, hosts=(str(host),),
-                summary=f"host {host}: no heartbeat for {age_s:.0f}s (ranks {ranks})",
-                evidence={"last_heartbeat_ns": last_ts, "age_s": round(age_s, 1)},
-            ))
-            continue
-        dead = latest[(latest["rank"] >= 0) & (latest["alive"].astype(int) == 0)]
-        if "dead_since_ns" in dead.columns:  # a finished job's final records may still be in flight
-            dead = dead[now_ns - dead["dead_since_ns"] >= min_dead_s * 1e9]
-        if "caught_up" in dead.columns:
-            dead = dead[dead["caught_up"].astype(int) == 1]
-        ranks_rows = latest[latest["rank"] >= 0]
-        if len(dead) and len(dead) == len(ranks_rows):
+    for host, a, last_ts in zip(host_ts.index[silent], age[silent], host_ts.to_numpy()[silent]):
+        ranks = ranks_of.get(host, [])
+        out.append(Finding(
+            kind=FindingKind.HEARTBEAT_LOST, job=job, ranks=tuple(ranks), score=float(a) / stale_s,
+            severity=Severity.CRITICAL, hosts=(str(host),),
+            summary=f"host {host}: no heartbeat for {a:.0f}s (ranks {ranks})",
+            evidence={"last_heartbeat_ns": int(last_ts), "age_s": round(float(a), 1)},
+        ))
+    rk = latest[(latest["rank"] >= 0) & ~latest["host"].isin(set(host_ts.index[silent]))]
+    dead = rk[rk["alive"].astype(int) == 0]
+    if "dead_since_ns" in dead.columns:  # a finished job's final records may still be in flight
+        dead = dead[now_ns - dead["dead_since_ns"] >= min_dead_s * 1e9]
+    if "caught_up" in dead.columns:
+        dead = dead[dead["caught_up"].astype(int) == 1]
+    if dead.empty:
+        return out
+    n_ranks = rk.groupby("host")["rank"].size()
+    for host, g in dead.groupby("host"):
+        if len(g) == int(n_ranks.get(host, 0)):
             continue  # every rank exited: a finished job or a crash, which the hang analysis owns
-        if not dead.empty:
-            dr = sorted(int(r) for r in dead["rank"])
-            out.append(Finding(
-                kind=FindingKind.HEARTBEAT_LOST, job=job, ranks=tuple(dr), score=float(len(dr)),
-                severity=Severity.CRITICAL, hosts=(str(host),),
-                summary=f"host {host}: rank process(es) {dr} exited",
-                evidence={"pids": {str(int(r)): int(p) for r, p in zip(dead["rank"], dead["pid"])}},
-            ))
+        dr = sorted(int(r) for r in g["rank"])
+        out.append(Finding(
+            kind=FindingKind.HEARTBEAT_LOST, job=job, ranks=tuple(dr), score=float(len(dr)),
+            severity=Severity.CRITICAL, hosts=(str(host),),
+            summary=f"host {host}: rank process(es) {dr} exited",
+            evidence={"pids": {str(int(r)): int(p) for r, p in zip(g["rank"], g["pid"])}},
+        ))
     return out
 
 
@@ -139,16 +147,19 @@ def detect_hardware_errors(
     return out
 
 
-def host_last_arrival(frames, host_seen_ns: dict[str, int] | None = None) -> dict[str, int]:
-    """Host -> newest sign of life of the job's ranks and agent on it: its ranks' latest
-    records, its agent's heartbeats, and when the server last received a batch from it
-    (``host_seen_ns``, the server's clock; the strongest proof, absent after a restart)."""
+def host_last_arrival(frames, host_seen_ns: dict[str, int] | None = None,
+                      job_only: bool = False) -> dict[str, int]:
+    """Host -> newest sign of life of the job on it: its ranks' latest records and rank
+    heartbeats, and - unless ``job_only`` - its agent's host heartbeats and when the server
+    last received a batch from it (``host_seen_ns``, the server's clock; absent after a
+    restart). The agent-level signals also come from other jobs on the same host, so they
+    say the host is up, never that this job is."""
     hosts = frames.hosts
     out: dict[str, int] = {}
 
     def put(h: str, t: int) -> None:
-        if h and t > 0:
-            out[h] = max(out.get(h, 0), int(t))
+        if h in out and t > 0:
+            out[h] = max(out[h], int(t))
 
     for h in set(hosts.values()):
         out.setdefault(h, 0)
@@ -156,13 +167,13 @@ def host_last_arrival(frames, host_seen_ns: dict[str, int] | None = None) -> dic
         put(hosts.get(int(r), ""), t)
     hb = frames.heartbeats
     if hb is not None and not hb.empty:
-        for h, t in hb.groupby("host")["ts_ns"].max().items():
+        mine = hb[hb["rank"] >= 0] if job_only else hb
+        for h, t in mine.groupby("host")["ts_ns"].max().items():
             put(str(h), int(t))
-    for h, t in (getattr(frames, "host_last_ns", None) or {}).items():
-        if h in out:
+    if not job_only:
+        for h, t in (getattr(frames, "host_last_ns", None) or {}).items():
             put(h, t)
-    for h, t in (host_seen_ns or {}).items():
-        if h in out:
+        for h, t in (host_seen_ns or {}).items():
             put(h, t)
     if not frames.steps.empty and "end_ns" in frames.steps:
         for h, t in frames.steps.groupby("host")["end_ns"].max().items():
@@ -178,13 +189,14 @@ def detect_silence(job: str, frames, now_ns: int, silent_s: float,
     ``heartbeat_lost`` findings (they page like one) with ``evidence["silence"]`` set to
     ``job`` or ``host``, naming the ranks and hosts as last seen and the last step."""
     last = host_last_arrival(frames, host_seen_ns)
-    if not last or max(last.values()) <= 0:
+    job_last = host_last_arrival(frames, job_only=True)
+    if not last or max(job_last.values()) <= 0:
         return []
     hosts = frames.hosts
     seen = {int(r): int(t) for r, t in (frames.last_seen or {}).items() if t > 0}
     rank_step = ({int(r): int(s) for r, s in frames.steps.groupby("rank")["step"].max().items()}
                  if not frames.steps.empty else {})
-    newest = max(last.values())
+    newest = max(job_last.values())
     quiet_s = (now_ns - newest) / 1e9
     if quiet_s >= silent_s:
         order = sorted(seen, key=lambda r: (seen[r], r))
@@ -194,14 +206,14 @@ def detect_silence(job: str, frames, now_ns: int, silent_s: float,
         ranks = tuple((order or sorted(hosts))[:64])
         return [Finding(
             kind=FindingKind.HEARTBEAT_LOST, job=job, ranks=ranks, score=quiet_s / silent_s,
-            severity=Severity.CRITICAL, hosts=tuple(sorted(last)), last_step=int(frames.last_step),
+            severity=Severity.CRITICAL, hosts=tuple(sorted(job_last)), last_step=int(frames.last_step),
             summary=f"job silent: nothing arrived from any of its {len(hosts) or len(seen)} rank(s) on "
-                    f"{len(last)} host(s) for {quiet_s:.0f}s; last step {frames.last_step}; "
+                    f"{len(job_last)} host(s) for {quiet_s:.0f}s; last step {frames.last_step}; "
                     f"rank(s) {first[:8]} went silent first",
             evidence={"silence": "job", "what": "job_silent", "silent_for_s": round(quiet_s, 1),
                       "last_step": int(frames.last_step), "first_silent_ranks": first[:64],
                       "last_seen_ranks": latest[:64],
-                      "host_last_seen_ns": {h: int(t) for h, t in sorted(last.items())},
+                      "host_last_seen_ns": {h: int(t) for h, t in sorted(job_last.items())},
                       "rank_last_step": {str(r): rank_step[r] for r in sorted(rank_step)[:64]}},
         )]
     out = []

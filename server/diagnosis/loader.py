@@ -3,6 +3,12 @@
 Every query is parameterised (``{name:Type}``) and bounded: a window of the latest
 steps of one job attempt, the latest in-flight/heartbeat row per rank, recent hardware
 signals of the job's hosts.
+
+:func:`load_reduced_frames` is what the diagnosis loop and the RCA routes use: the
+window's raw events stay in ClickHouse, which reduces them per rank and step
+(:mod:`.rollups`). :func:`load_job_frames` (raw sections and collectives of the window
+into pandas) remains for the pure detector tests and as the reference the reduced path
+is checked against.
 """
 
 from __future__ import annotations
@@ -154,13 +160,19 @@ class JobFrames:
     @property
     def hosts(self) -> dict[int, str]:
         """Rank -> host, from step markers (falling back to heartbeats)."""
+        key = (id(self.heartbeats), len(self.heartbeats), id(self.steps), len(self.steps))
+        memo = self.__dict__.get("_hosts_memo")
+        if memo is not None and memo[0] == key:  # O(ranks), but asked several times a pass
+            return dict(memo[1])
         out: dict[int, str] = {}
         for df in (self.heartbeats, self.steps):
             if not df.empty:
-                for r, h in df[df["rank"] >= 0][["rank", "host"]].drop_duplicates("rank").itertuples(index=False):
+                d = df[df["rank"] >= 0][["rank", "host"]].drop_duplicates("rank")
+                for r, h in zip(d["rank"].to_numpy(), d["host"].to_numpy(dtype=object)):
                     if h:
                         out[int(r)] = str(h)
-        return out
+        self.__dict__["_hosts_memo"] = (key, out)
+        return dict(out)
 
 
 def named_queries() -> dict[str, str]:

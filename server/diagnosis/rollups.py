@@ -20,10 +20,11 @@ with the k-th receive, an ASOF join of ops into the top-level section they start
   disagree on op, size or dtype.
 
 :class:`StepCache` keeps these per job and step. A pass asks ClickHouse only for the
-steps that are new, still open (the newest two), or whose raw row count in
-``step_rollup`` (maintained at insert time by materialized views) changed since they
-were computed (late data). So a steady-state pass reduces ~2 steps of raw events inside
-ClickHouse and moves O(ranks) rows.
+steps whose raw row count in ``step_rollup`` (maintained at insert time by materialized
+views) changed since they were computed, or that were incomplete then (the newest
+completed step and the one in progress get only their op gaps and mismatch check; the
+full reductions wait until the step is complete). So a steady-state pass reduces about
+one step of raw events inside ClickHouse and moves O(ranks) rows.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ _RANGE = ("job = {job:String} AND attempt = {attempt:Int32} "
 
 # Per-op arrivals of a step range: the arithmetic of breakdown.collective_arrivals.
 _ARRIVALS = f"""
-c AS (
+c AS MATERIALIZED (
   SELECT rank, step, microbatch, group_id, axis, seq, op, bytes, peer, enqueued_ns, completed_ns,
          greatest(completed_ns - enqueued_ns, 0) AS comm_ns, op IN {_P2P} AS p2p
   FROM collectives
@@ -94,7 +95,7 @@ arr0 AS (
   SELECT rank, step, group_id, axis, seq, op, bytes, enqueued_ns, comm_ns, wait_ns, lateness_ns,
          is_last, transfer_ns, waited_on_rank FROM p2p
 ),
-arr AS (
+arr AS MATERIALIZED (
   SELECT *, greatest(enqueued_ns + comm_ns, enqueued_ns) AS end_,
          max(end_) OVER (PARTITION BY rank ORDER BY enqueued_ns
                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered,
@@ -163,7 +164,7 @@ FROM st
 LEFT JOIN ra ON st.rank = ra.rank AND st.step = ra.step
 LEFT JOIN caused ON st.rank = caused.rank AND st.step = caused.step
 LEFT JOIN sec ON st.rank = sec.rank AND st.step = sec.step
-SETTINGS join_use_nulls = 0
+SETTINGS join_use_nulls = 0, enable_materialized_cte = 1
 """
 
 GROUP_STEP_SQL = f"""
@@ -190,7 +191,7 @@ SELECT gt.group_id AS group_id, gt.axis AS axis, gt.step AS step, gt.gt_transfer
        gt.op_transfer_ns AS op_transfer_ns, gt.num_ops AS num_ops, gt.bytes AS bytes,
        link.transfer_ns AS transfer_ns
 FROM gt LEFT JOIN link ON gt.group_id = link.group_id AND gt.axis = link.axis AND gt.step = link.step
-SETTINGS join_use_nulls = 0
+SETTINGS join_use_nulls = 0, enable_materialized_cte = 1
 """
 
 STEP_GAPS_SQL = """
@@ -322,7 +323,7 @@ def _fix(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def refresh(store: Any, cache: JobCache, job: str, from_step: int, last_step: int, first_step: int,
-            open_steps: int = 2, gaps_only: bool = False) -> dict[str, int]:
+            gaps_only: bool = False) -> dict[str, int]:
     """Bring ``cache`` up to date for steps ``from_step .. last_step + 1``; drop older steps.
 
     ``gaps_only`` (the hang pass): only steps with no cached op gap get one (cheap);
@@ -348,24 +349,32 @@ def refresh(store: Any, cache: JobCache, job: str, from_step: int, last_step: in
     n_raw = {int(s): int(n) for s, n in zip(counts["step"], counts["n_raw"])} if not counts.empty else {}
     for s in [s for s in cache.steps if s < from_step or s > to_step]:
         del cache.steps[s]
-    todo = []
-    for s in range(from_step, to_step + 1):
-        have = cache.steps.get(s)
-        if have is None or s > last_step - open_steps or have.n_raw != n_raw.get(s, 0):
-            todo.append(s)
+    # A step's reductions change only when rows of it arrive: recompute exactly those steps.
+    # The detectors judge complete steps (< last_step); the newer ones need only their op
+    # gaps (up to last_step) and mismatch check.
+    todo = [s for s in range(from_step, to_step + 1)
+            if s not in cache.steps or cache.steps[s].n_raw != n_raw.get(s, 0)]
     reused = (to_step - from_step + 1) - len(todo)
     for lo, hi in _ranges(todo):
         q = {**p, "from_step": lo, "to_step": hi, "num_mb": cache.num_mb}
-        rs = _fix(store.query_df(RANK_STEP_SQL, q))
-        gs = _fix(store.query_df(GROUP_STEP_SQL, q))
-        ctx = lo - 1 if lo - 1 > first_step and lo > from_step else lo
-        gaps = store.query_df(STEP_GAPS_SQL, {**q, "ctx_step": ctx, "to_step": min(hi, last_step),
-                                              "first_step": first_step})
-        gap = {int(s): float(v) for s, v in zip(gaps["step"], gaps["gap_s"])} if not gaps.empty else {}
+        empty = pd.DataFrame()
+        heavy_hi = min(hi, last_step - 1)
+        rs = gs = empty
+        if heavy_hi >= lo:
+            hq = {**q, "to_step": heavy_hi}
+            rs = _fix(store.query_df(RANK_STEP_SQL, hq))
+            gs = _fix(store.query_df(GROUP_STEP_SQL, hq))
+        gap: dict[int, float] = {}
+        if min(hi, last_step) >= lo:
+            ctx = lo - 1 if lo - 1 > first_step and lo > from_step else lo
+            gaps = store.query_df(STEP_GAPS_SQL, {**q, "ctx_step": ctx, "to_step": min(hi, last_step),
+                                                  "first_step": first_step})
+            gap = {int(s): float(v) for s, v in zip(gaps["step"], gaps["gap_s"])} if not gaps.empty else {}
         mm = store.query_df(MISMATCH_SQL, q)
         for s in range(lo, hi + 1):
             cache.steps[s] = StepData(
-                n_raw.get(s, 0),
+                # an incomplete step (>= last_step) is recomputed once it is complete
+                n_raw.get(s, 0) if s <= heavy_hi else -1,
                 rs[rs["step"] == s].reset_index(drop=True) if not rs.empty else rs,
                 gs[gs["step"] == s].reset_index(drop=True) if not gs.empty else gs,
                 gap.get(s),

@@ -157,6 +157,7 @@ async def run_worker(settings: Any, server_url: str | None, parent_pid: int | No
     """Run the diagnosis loop until SIGTERM/SIGINT (or until ``parent_pid`` exits)."""
     from .loop import DiagnosisLoop
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per query otherwise
     state = build_state(settings, server_url)
     if server_url:  # wait for the server (it may still be starting)
         deadline = time.monotonic() + 120
