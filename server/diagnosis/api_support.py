@@ -123,8 +123,9 @@ def job_diagnosis(app: Any, store: Any, session: Any, job: str, max_age_s: float
     settings = app.state.settings
     max_age = max_age_s if max_age_s is not None else 2.5 * float(getattr(settings, "diagnosis_tick_s", 2.0))
     now = time.time_ns()
-    if loop is not None:
-        cached = loop.latest.get(job)
-        if cached is not None and now - cached.computed_ns <= max_age * 1e9:
-            return cached
-    return diagnose_job(store, job_info(row), now, config_from_settings(settings))
+    cached = loop.latest.get(job) if loop is not None else None
+    if cached is not None and now - cached.computed_ns <= max_age * 1e9:
+        return cached
+    # an on-demand pass keeps the hang culprits the loop named (what the incident says)
+    return diagnose_job(store, job_info(row), now, config_from_settings(settings),
+                        previous=cached.hang if cached is not None else None)
