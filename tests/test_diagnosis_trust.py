@@ -208,3 +208,27 @@ def test_untouched_frames_keep_pd_types():
     # guard: the detector accepts an empty window without error
     assert detect_stragglers("t", TOPO, pd.DataFrame(columns=["rank", "step", "busy_ns"]), pd.DataFrame()) == []
     assert MS == 1_000_000
+
+
+# ---- colour scales ---------------------------------------------------------------------------
+def test_heatmap_scale_leaves_the_hung_step_out_and_shows_the_cap():
+    from fleetscope.server.views.heatmap import color_scale
+
+    rng = np.random.default_rng(0)
+    z = [[float(50 * (1.2 if r == 5 else 1.0) * (1 + 0.02 * rng.standard_normal())) for _ in range(20)] for r in range(8)]
+    for r in range(8):
+        z[r].append(30_000.0)  # the hung step
+    sc = color_scale(z, list(range(21)))
+    assert sc["off_scale_steps"] == [20] and sc["max_value"] == 30_000.0
+    assert 45 < sc["zmin"] < 52 and 55 < sc["zmax"] < 65  # the 1.2x row reaches the top colour
+    assert color_scale([[None, None]], [0, 1])["zmin"] is None
+
+
+def test_grid_scale_keeps_a_1_2x_rank_visible_next_to_a_5x_one():
+    from fleetscope.dashboard.figures.grid import GRID_CAP, grid_scale
+
+    lo, hi, capped = grid_scale(np.array([1.0, 0.99, 1.01, 1.0, 1.2, 1.0, 5.0, np.nan]))
+    assert hi == GRID_CAP and capped and lo <= 0.99
+    assert (1.2 - lo) / (hi - lo) > 0.15  # well above the peers' colour
+    lo, hi, capped = grid_scale(np.array([1.0, 0.99, 1.01, 1.2]))
+    assert not capped and (1.2 - lo) / (hi - lo) > 0.7
