@@ -232,3 +232,14 @@ def test_grid_scale_keeps_a_1_2x_rank_visible_next_to_a_5x_one():
     assert (1.2 - lo) / (hi - lo) > 0.15  # well above the peers' colour
     lo, hi, capped = grid_scale(np.array([1.0, 0.99, 1.01, 1.2]))
     assert not capped and (1.2 - lo) / (hi - lo) > 0.7
+
+
+def test_a_small_straggler_next_to_a_big_one_is_its_side_effect():
+    big = _f(FindingKind.SLOW_DATALOADER, [2], est_slowdown=0.4)
+    side = _f(FindingKind.SLOW_COMPUTE, [0], est_slowdown=0.03)  # rank 2's DP peer
+    far = _f(FindingKind.SLOW_COMPUTE, [7], est_slowdown=0.03)   # shares no group with rank 2
+    out = fold_secondary([big, side, far], Topology(dp=4, tp=1, pp=2))
+    assert [f.ranks for f in out] == [(2,), (7,)]
+    assert out[0].evidence["secondary"][0]["ranks"] == [0]
+    two = [_f(FindingKind.SLOW_COMPUTE, [4], est_slowdown=0.1), _f(FindingKind.SLOW_COMPUTE, [7], est_slowdown=0.08)]
+    assert fold_secondary(two, Topology(dp=4, tp=1, pp=2)) == two  # two stragglers of a size
