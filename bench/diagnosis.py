@@ -143,6 +143,8 @@ SCENARIOS = [
              steps=60),
     Scenario("crash", ["crash:rank=3:step=6"], HANGS, {3}, 6, steps=60, cls="crash"),
     Scenario("crash-rank0", ["crash:rank=0:step=6"], HANGS, {0}, 6, steps=60, cls="crash"),
+    Scenario("crash-rank0-tp4xpp2", ["crash:rank=0:step=6"], HANGS, {0}, 6, steps=60, layout=(1, 4, 2),
+             cls="crash"),
     Scenario("crash-dp4xpp2-last", ["crash:rank=7:step=6"], HANGS, {7}, 6, steps=60, layout=(4, 1, 2),
              cls="crash"),
 ]

@@ -243,3 +243,25 @@ def test_a_small_straggler_next_to_a_big_one_is_its_side_effect():
     assert out[0].evidence["secondary"][0]["ranks"] == [0]
     two = [_f(FindingKind.SLOW_COMPUTE, [4], est_slowdown=0.1), _f(FindingKind.SLOW_COMPUTE, [7], est_slowdown=0.08)]
     assert fold_secondary(two, Topology(dp=4, tp=1, pp=2)) == two  # two stragglers of a size
+
+
+def test_crash_that_takes_every_rank_down_at_once_names_the_rank_behind():
+    # rank 0's crash takes the rendezvous store and every rank with it within one heartbeat,
+    # before any 'failed' status record: once the store holds every rank's spooled steps,
+    # the rank with fewer completed steps is the culprit
+    from fleetscope.server.diagnosis.hangs import analyse_hang
+    from tests.test_diagnosis_detectors import NOW, _hb, _inf, _progress, _steps
+    from tests.test_diagnosis_detectors import TOPO as T
+
+    together = _hb(dead=tuple(range(8))).assign(dead_since_ns=NOW - 20 * 10**9, caught_up=1)
+    rows = [_inf(r, "idle", ts=NOW - 22 * 10**9) for r in range(8)]
+    last = {r: 4 if r == 0 else 5 for r in range(8)}
+    a = analyse_hang("j", T, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), together, _progress(),
+                     job_failed=False, rank_last_step=last)
+    assert a.stalled and a.culprits == (0,) and a.hang_class == HangClass.PROCESS_DEAD
+    lagging = together.assign(caught_up=[0] + [1] * 7)  # rank 0's last steps may still be on the way
+    assert not analyse_hang("j", T, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), lagging, _progress(),
+                            job_failed=False, rank_last_step=last).stalled
+    ended = {r: 5 for r in range(8)}  # everyone completed the same steps: the job ended
+    assert not analyse_hang("j", T, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), together, _progress(),
+                            job_failed=False, rank_last_step=ended).stalled
