@@ -9,10 +9,16 @@ import numpy as np
 import pandas as pd
 import pytest
 from fleetscope.server.diagnosis.breakdown import rank_step_breakdown
-from fleetscope.server.diagnosis.findings import Finding, FindingKind, HangAnalysis, HangClass, Severity
+from fleetscope.server.diagnosis.findings import (
+    Finding,
+    FindingKind,
+    HangAnalysis,
+    HangClass,
+    Severity,
+)
 from fleetscope.server.diagnosis.hangs import keep_culprits
-from fleetscope.server.diagnosis.stragglers import detect_stragglers
 from fleetscope.server.diagnosis.story import fold_secondary
+from fleetscope.server.diagnosis.stragglers import detect_stragglers
 from fleetscope.server.diagnosis.synthetic import MS, SynthJob
 from fleetscope.server.diagnosis.whatif import profile_from_frames
 
@@ -195,7 +201,7 @@ def test_corrected_hang_culprit_updates_the_incident_and_pages_once(tmp_path):
 
 def test_whatif_of_a_straggler_matches_the_measured_slowdown():
     for rank in (1, 6):
-        slow = SynthJob(noise=0.05, num_steps=30, compute_factor=lambda r, s: 1.4 if r == rank and s >= 10 else 1.0)
+        slow = SynthJob(noise=0.05, num_steps=30, compute_factor=lambda r, s, c=rank: 1.4 if r == c and s >= 10 else 1.0)
         clean = SynthJob(noise=0.05, num_steps=30)
         findings, bd = _detect(slow)
         bdc = rank_step_breakdown(*[clean.build()[k] for k in ("sections", "collectives", "steps")])[0]
@@ -250,6 +256,7 @@ def test_crash_that_takes_every_rank_down_at_once_names_the_rank_behind():
     # before any 'failed' status record: once the store holds every rank's spooled steps,
     # the rank with fewer completed steps is the culprit
     from fleetscope.server.diagnosis.hangs import analyse_hang
+
     from tests.test_diagnosis_detectors import NOW, _hb, _inf, _progress, _steps
     from tests.test_diagnosis_detectors import TOPO as T
 
