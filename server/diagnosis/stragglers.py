@@ -508,7 +508,7 @@ def _slow_links(job, topo, arr, steps, flagged, step_ns, hosts, profile, config)
         lr_all.append(lr.ravel())
     if not per_axis:
         return []
-    sigma = _sigma(np.concatenate(lr_all))
+    sigma = _robust_sigma(np.concatenate(lr_all))  # heavy tails on a loaded host
     for axis, (gids, x, ref, lr, n_ops) in per_axis.items():
         k = min(config.recent_steps, lr.shape[1])
         thr = max(math.log1p(config.link_min_effect), config.z * 1.2533 * sigma / math.sqrt(k))
