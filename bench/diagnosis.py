@@ -125,8 +125,6 @@ SCENARIOS = [
              factor=3.0, paired=True),
     Scenario("dataloader-stall", [_s(2, 40, section="dataloader")], {"slow_dataloader"}, {2}, 8,
              factor=40.0, paired=True),
-    Scenario("thermal-throttle", [_s(5, 1.5)], SC, {5}, 8, factor=1.5, throttle_rank=5, cls="thermal",
-             paired=True),
     # slow links on each axis
     Scenario("slow-tp-link", ["slowlink:group=tp:rank=3:delay_ms=15"], {"slow_link"}, {3}, 1, group_axis="tp"),
     Scenario("slow-dp-link", ["slowlink:group=dp:rank=4:delay_ms=150"], {"slow_link"}, {4}, 1, group_axis="dp"),
@@ -143,8 +141,14 @@ SCENARIOS = [
              steps=60),
     Scenario("crash", ["crash:rank=3:step=6"], HANGS, {3}, 6, steps=60, cls="crash"),
     Scenario("crash-rank0", ["crash:rank=0:step=6"], HANGS, {0}, 6, steps=60, cls="crash"),
+    Scenario("crash-rank0-tp4xpp2", ["crash:rank=0:step=6"], HANGS, {0}, 6, steps=60, layout=(1, 4, 2),
+             cls="crash"),
     Scenario("crash-dp4xpp2-last", ["crash:rank=7:step=6"], HANGS, {7}, 6, steps=60, layout=(4, 1, 2),
              cls="crash"),
+    # last: the fake GPU's throttle metrics belong to this host for the store's lookback
+    # (600 s) and join every later job's findings on it, as a real host's would
+    Scenario("thermal-throttle", [_s(5, 1.5)], SC, {5}, 8, factor=1.5, throttle_rank=5, cls="thermal",
+             paired=True),
 ]
 QUICK = ("clean", "compute-stage1-1.2x", "dp8-1.2x", "dataloader-3x", "hang-pp-p2p", "crash-rank0")
 
@@ -439,8 +443,8 @@ def hang_stages(inc: dict, onset: int, t_hook: float | None, outbox: list[dict])
 
 
 def judge(sc: Scenario, res: Result) -> bool:
-    if res.clean or not sc.expect_kinds:
-        return not res.kinds
+    if res.clean or not sc.expect_kinds:  # an MFU drop of every rank alike is the host's load
+        return not set(res.kinds) & (STRAGGLER | HANGS)
     if sc.expect_kinds & HANGS:
         ok = bool(res.culprits) and set(res.culprits) & sc.culprits == sc.culprits and len(res.culprits) <= 2
         return ok and (not res.paged_culprits or set(res.paged_culprits) == set(res.culprits))
@@ -669,8 +673,12 @@ def summarize(pairs: list[tuple[Scenario, Result]]) -> int:
             missed.append("time to finding")
     clean = [(sc, r) for sc, r in pairs if r.clean or not sc.expect_kinds]
     if clean:
-        dirty = [(sc.name, r.seed, r.kinds) for sc, r in clean if r.kinds]
-        print(f"clean runs with findings: {len(dirty)}/{len(clean)}" + (f": {dirty}" if dirty else ""))
+        judged = STRAGGLER | HANGS
+        dirty = [(sc.name, r.seed, r.kinds) for sc, r in clean if set(r.kinds) & judged]
+        other = [(sc.name, r.seed, r.kinds) for sc, r in clean if r.kinds and not set(r.kinds) & judged]
+        print(f"clean runs with straggler/hang findings: {len(dirty)}/{len(clean)}" + (f": {dirty}" if dirty else ""))
+        if other:  # e.g. an MFU drop of every rank alike when other work loads the host
+            print(f"clean runs with other findings only: {len(other)}/{len(clean)}: {other}")
     failed = [f"{sc.name}{'-clean' if r.clean else ''}/s{r.seed}" for sc, r in pairs if not r.ok]
     print("all scenarios OK" if not failed else f"runs missed: {failed}")
     if missed:

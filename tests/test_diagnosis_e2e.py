@@ -51,7 +51,10 @@ def test_real_trainer_straggler_then_hang(tmp_path):
 
                 items = wait_for(found, 240, "slow_compute finding for rank 5")
                 assert items[0]["ranks"] == [5], items
-                assert items[0]["evidence"]["stage"] == 1 and items[0]["est_slowdown"] > 0.05
+                assert items[0]["evidence"]["stage"] == 1 and items[0]["est_slowdown"] > 0
+                # the factor of its compute vs its stage peers: 1.6 injected (the job's cost
+                # depends on how much of a step is compute: a few % on a loaded 2-core host)
+                assert items[0]["component"] == "compute" and 1.2 <= items[0]["factor"] <= 2.2, items[0]
                 incidents = HTTP.get(f"{url.api}/incidents", params={"job": "e2e-strag"}).json()["items"]
                 wrong = [i for i in incidents if i["kind"] in ("slow_compute", "slow_dataloader", "late_arrival")
                          and i["ranks"] != [5]]

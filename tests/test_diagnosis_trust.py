@@ -9,10 +9,16 @@ import numpy as np
 import pandas as pd
 import pytest
 from fleetscope.server.diagnosis.breakdown import rank_step_breakdown
-from fleetscope.server.diagnosis.findings import Finding, FindingKind, HangAnalysis, HangClass, Severity
+from fleetscope.server.diagnosis.findings import (
+    Finding,
+    FindingKind,
+    HangAnalysis,
+    HangClass,
+    Severity,
+)
 from fleetscope.server.diagnosis.hangs import keep_culprits
-from fleetscope.server.diagnosis.stragglers import detect_stragglers
 from fleetscope.server.diagnosis.story import fold_secondary
+from fleetscope.server.diagnosis.stragglers import detect_stragglers
 from fleetscope.server.diagnosis.synthetic import MS, SynthJob
 from fleetscope.server.diagnosis.whatif import profile_from_frames
 
@@ -195,7 +201,7 @@ def test_corrected_hang_culprit_updates_the_incident_and_pages_once(tmp_path):
 
 def test_whatif_of_a_straggler_matches_the_measured_slowdown():
     for rank in (1, 6):
-        slow = SynthJob(noise=0.05, num_steps=30, compute_factor=lambda r, s: 1.4 if r == rank and s >= 10 else 1.0)
+        slow = SynthJob(noise=0.05, num_steps=30, compute_factor=lambda r, s, c=rank: 1.4 if r == c and s >= 10 else 1.0)
         clean = SynthJob(noise=0.05, num_steps=30)
         findings, bd = _detect(slow)
         bdc = rank_step_breakdown(*[clean.build()[k] for k in ("sections", "collectives", "steps")])[0]
@@ -208,3 +214,61 @@ def test_untouched_frames_keep_pd_types():
     # guard: the detector accepts an empty window without error
     assert detect_stragglers("t", TOPO, pd.DataFrame(columns=["rank", "step", "busy_ns"]), pd.DataFrame()) == []
     assert MS == 1_000_000
+
+
+# ---- colour scales ---------------------------------------------------------------------------
+def test_heatmap_scale_leaves_the_hung_step_out_and_shows_the_cap():
+    from fleetscope.server.views.heatmap import color_scale
+
+    rng = np.random.default_rng(0)
+    z = [[float(50 * (1.2 if r == 5 else 1.0) * (1 + 0.02 * rng.standard_normal())) for _ in range(20)] for r in range(8)]
+    for r in range(8):
+        z[r].append(30_000.0)  # the hung step
+    sc = color_scale(z, list(range(21)))
+    assert sc["off_scale_steps"] == [20] and sc["max_value"] == 30_000.0
+    assert 45 < sc["zmin"] < 52 and 55 < sc["zmax"] < 65  # the 1.2x row reaches the top colour
+    assert color_scale([[None, None]], [0, 1])["zmin"] is None
+
+
+def test_grid_scale_keeps_a_1_2x_rank_visible_next_to_a_5x_one():
+    from fleetscope.dashboard.figures.grid import GRID_CAP, grid_scale
+
+    lo, hi, capped = grid_scale(np.array([1.0, 0.99, 1.01, 1.0, 1.2, 1.0, 5.0, np.nan]))
+    assert hi == GRID_CAP and capped and lo <= 0.99
+    assert (1.2 - lo) / (hi - lo) > 0.15  # well above the peers' colour
+    lo, hi, capped = grid_scale(np.array([1.0, 0.99, 1.01, 1.2]))
+    assert not capped and (1.2 - lo) / (hi - lo) > 0.7
+
+
+def test_a_small_straggler_next_to_a_big_one_is_its_side_effect():
+    big = _f(FindingKind.SLOW_DATALOADER, [2], est_slowdown=0.4)
+    side = _f(FindingKind.SLOW_COMPUTE, [0], est_slowdown=0.03)  # rank 2's DP peer
+    far = _f(FindingKind.SLOW_COMPUTE, [7], est_slowdown=0.03)   # shares no group with rank 2
+    out = fold_secondary([big, side, far], Topology(dp=4, tp=1, pp=2))
+    assert [f.ranks for f in out] == [(2,), (7,)]
+    assert out[0].evidence["secondary"][0]["ranks"] == [0]
+    two = [_f(FindingKind.SLOW_COMPUTE, [4], est_slowdown=0.1), _f(FindingKind.SLOW_COMPUTE, [7], est_slowdown=0.08)]
+    assert fold_secondary(two, Topology(dp=4, tp=1, pp=2)) == two  # two stragglers of a size
+
+
+def test_crash_that_takes_every_rank_down_at_once_names_the_rank_behind():
+    # rank 0's crash takes the rendezvous store and every rank with it within one heartbeat,
+    # before any 'failed' status record: once the store holds every rank's spooled steps,
+    # the rank with fewer completed steps is the culprit
+    from fleetscope.server.diagnosis.hangs import analyse_hang
+
+    from tests.test_diagnosis_detectors import NOW, _hb, _inf, _progress, _steps
+    from tests.test_diagnosis_detectors import TOPO as T
+
+    together = _hb(dead=tuple(range(8))).assign(dead_since_ns=NOW - 20 * 10**9, caught_up=1)
+    rows = [_inf(r, "idle", ts=NOW - 22 * 10**9) for r in range(8)]
+    last = {r: 4 if r == 0 else 5 for r in range(8)}
+    a = analyse_hang("j", T, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), together, _progress(),
+                     job_failed=False, rank_last_step=last)
+    assert a.stalled and a.culprits == (0,) and a.hang_class == HangClass.PROCESS_DEAD
+    lagging = together.assign(caught_up=[0] + [1] * 7)  # rank 0's last steps may still be on the way
+    assert not analyse_hang("j", T, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), lagging, _progress(),
+                            job_failed=False, rank_last_step=last).stalled
+    ended = {r: 5 for r in range(8)}  # everyone completed the same steps: the job ended
+    assert not analyse_hang("j", T, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), together, _progress(),
+                            job_failed=False, rank_last_step=ended).stalled

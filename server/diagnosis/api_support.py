@@ -130,8 +130,10 @@ def job_diagnosis(app: Any, store: Any, session: Any, job: str, max_age_s: float
     if cached is not None and now - cached.computed_ns <= max_age * 1e9:
         return cached
     collector = getattr(app.state, "collector", None)
+    # an on-demand pass keeps the hang culprits the loop named (what the incident says)
     result = diagnose_job(store, job_info(row), now, config_from_settings(settings),
-                          dict(getattr(collector, "host_seen_ns", None) or {}))
+                          dict(getattr(collector, "host_seen_ns", None) or {}),
+                          previous=cached.hang if cached is not None else None)
     if loop is None:
         latest[job] = result
         while len(latest) > 64:  # bounded: the oldest entries go first

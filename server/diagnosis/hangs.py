@@ -357,17 +357,18 @@ def analyse_hang(
         went_first = len(died) > 1 and (died[1] - died[0] >= DEATH_GAP_NS or seen[1] - seen[0] > CRASH_GAP_NS)
         if went_first:  # one rank went silent while the others still reported: a crash
             threshold = 0.0
-        elif job_failed and rank_last_step:
-            # the job reported failure and every process is gone within one heartbeat:
-            # the culprit is the rank that fell behind (fewest completed steps)
-            low = min(rank_last_step.get(r, -1) for r in states)
-            behind = tuple(sorted(r for r in states if rank_last_step.get(r, -1) == low))
-            if len(behind) < len(states):
-                return HangAnalysis(job, True, last_end, stalled_for, 0.0, last_step, behind,
-                                    HangClass.PROCESS_DEAD, "", (), {
-                                        "all_dead": True, "job_failed": True,
-                                        "last_step_per_rank": {str(r): v for r, v in sorted(rank_last_step.items())},
-                                        "culprit_hosts": sorted({states[r].host for r in behind if states[r].host})})
+        elif rank_last_step and (job_failed or _caught_up(heartbeats, topo)) and _behind(states, rank_last_step):
+            # every process is gone within one heartbeat and some ranks completed fewer
+            # steps than the others (a crash took the job down at once - rank 0's takes the
+            # rendezvous store and with it everyone - before its final status record, if
+            # any, was written): the culprit is the rank that fell behind
+            behind = _behind(states, rank_last_step)
+            return HangAnalysis(job, True, last_end, stalled_for, 0.0, last_step, behind,
+                                HangClass.PROCESS_DEAD, "", (), {
+                                    "all_dead": True, "job_failed": job_failed,
+                                    "last_step_per_rank": {str(r): v for r, v in sorted(rank_last_step.items())},
+                                    "culprit_hosts": sorted({states[r].host for r in behind if states[r].host})})
+        elif job_failed:
             threshold = 0.0
         elif not any(st.kind in ("collective", "p2p") for st in last_known.values()):
             # every process exited together and nobody was blocked: the job ended (its
@@ -406,6 +407,21 @@ def analyse_hang(
     ev["detected_by"] = detected_by
     return HangAnalysis(job, True, last_end, stalled_for, threshold, last_step, culprits, cls,
                         gid, chain, ev)
+
+
+def _behind(states: dict[int, RankState], rank_last_step: dict[int, int]) -> tuple[int, ...]:
+    """The ranks with the fewest completed steps, when that is not every rank."""
+    low = min(rank_last_step.get(r, -1) for r in states)
+    behind = tuple(sorted(r for r in states if rank_last_step.get(r, -1) == low))
+    return behind if len(behind) < len(states) else ()
+
+
+def _caught_up(heartbeats: pd.DataFrame, topo: Topology) -> bool:
+    """The store holds every step each rank's spool had (its last records arrived)."""
+    if heartbeats is None or heartbeats.empty or "caught_up" not in heartbeats.columns:
+        return False
+    mine = heartbeats[heartbeats["rank"].between(0, topo.world_size - 1)]
+    return not mine.empty and bool((mine["caught_up"].astype(int) == 1).all())
 
 
 def _dead_for_s(topo: Topology, heartbeats: pd.DataFrame, now_ns: int) -> float:

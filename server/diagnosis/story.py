@@ -12,6 +12,10 @@ arrival, slow link) and moves into the primary's ``evidence["secondary"]``:
   it (every rank slowed alike, or no straggler found);
 * GC-like pauses on a rank that shares a TP, PP or DP group with a primary's culprit
   (it waits on the culprit), or on any rank while the job hangs;
+* a straggler finding on a rank that shares a TP, PP or DP group with a primary whose
+  estimated cost is at least :data:`SIDE_EFFECT_RATIO` times its own (a stalled data
+  loader makes its group's peers compute while it sleeps; on shared CPUs they then
+  compute slower): a side effect of the big one, not a second fault;
 * GPU clock throttling on a primary's culprit (the likely cause: the summary says so).
   Other hardware errors (XID, ECC, NIC flaps) stay findings of their own: they page.
 
@@ -29,6 +33,8 @@ from .findings import Finding, FindingKind
 PRIMARY_KINDS = frozenset({FindingKind.SLOW_COMPUTE, FindingKind.SLOW_DATALOADER,
                            FindingKind.LATE_ARRIVAL, FindingKind.SLOW_LINK})
 THROTTLE_METRIC = "gpu.throttle_reasons"
+SIDE_EFFECT_RATIO = 4.0
+"""A neighbour's straggler finding costing less than 1/4 of a primary's is its side effect."""
 
 
 def _neighbours(topo: Topology | None, ranks: tuple[int, ...]) -> set[int]:
@@ -68,6 +74,14 @@ def fold_secondary(findings: list[Finding], topo: Topology | None = None) -> lis
         drop.add(id(f))
 
     strongest = max(primaries, key=lambda f: (f.est_slowdown, f.score)) if primaries else hang
+    for f in primaries:  # small stragglers next to a big one
+        big = next((p for p in sorted(primaries, key=lambda p: -p.est_slowdown)
+                    if p is not f and id(p) not in drop and p.est_slowdown > 0
+                    and p.est_slowdown >= SIDE_EFFECT_RATIO * max(f.est_slowdown, 1e-4)
+                    and set(f.ranks[:1]) & _neighbours(topo, p.ranks[:1])), None)
+        if big is not None:
+            attach(big, f)
+    primaries = [p for p in primaries if id(p) not in drop]
     for f in findings:
         if f.kind == FindingKind.MFU_DROP:
             named = set(f.ranks)

@@ -224,10 +224,14 @@ def detect_stragglers(
         i = idx[r]
         hits = [c for c in comp_hit if comp_hit[c][i]]
         if persistent[i] or hits:
-            n = int(run_busy[i]) if persistent[i] else int(max(comp_run[c][i] for c in hits))
+            lead = None if persistent[i] else max(hits, key=lambda c: comp_score[c][i])
+            n = int(run_busy[i]) if lead is None else int(comp_run[lead][i])
             n = max(n, min(config.scan_min_steps, len(steps)))
-            above = lr[i] > thr / 2
-            first = steps[_run_start(above)] if above.any() else steps[-n]
+            # onset: where the final run of steps above half the run's median effect begins
+            series = lr[i] if lead is None else comp_lr[lead][i]
+            half = max(float(np.median(series[-n:])) / 2, math.log1p(config.min_effect) / 2)
+            above = series > half
+            first = steps[_run_start(above)] if above[-1] else steps[-n]
             # the magnitudes are measured over the steps since the onset (not before it)
             n = max(len(steps) - steps.index(first), min(config.scan_min_steps, len(steps)))
             ex = {c: float(np.median(comps[c][i, -n:] - comp_refs[c][i, -n:])) for c in COMPONENT_KIND}
@@ -504,7 +508,7 @@ def _slow_links(job, topo, arr, steps, flagged, step_ns, hosts, profile, config)
         lr_all.append(lr.ravel())
     if not per_axis:
         return []
-    sigma = _sigma(np.concatenate(lr_all))
+    sigma = _robust_sigma(np.concatenate(lr_all))  # heavy tails on a loaded host
     for axis, (gids, x, ref, lr, n_ops) in per_axis.items():
         k = min(config.recent_steps, lr.shape[1])
         thr = max(math.log1p(config.link_min_effect), config.z * 1.2533 * sigma / math.sqrt(k))
