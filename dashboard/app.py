@@ -28,6 +28,8 @@ from fleetscope.dashboard.components import message
 from fleetscope.dashboard.pages import fleet, host, incidents, job
 from fleetscope.dashboard.prefetch import Prefetcher
 
+from fleetscope import env
+
 ASSETS = Path(__file__).parent / "assets"
 DCC = Path(dcc.__file__).parent
 ASYNC_CHUNKS = ("async-graph.js", "async-dropdown.js")
@@ -40,7 +42,7 @@ never supersedes (and so starves) them on a slow server."""
 def create_dash_app(
     api_base: str | Callable[[], str],
     url_base_pathname: str = "/ui/",
-    refresh_s: float = 5.0,
+    refresh_s: float = env.UI_REFRESH_S.default,
     token: str | None = None,
     server: Any = True,
     mounted: bool = False,
