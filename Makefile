@@ -45,6 +45,13 @@ prometheus-deps:
 test: venv browser-deps prometheus-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Unit tests only: no subprocess, no server, no browser (tests/conftest.py marks the rest
+# `integration` automatically). Under a minute; run it while you work, `make test` before
+# you push.
+.PHONY: test-fast
+test-fast: venv
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
 lint: venv
 	$(VENV)/bin/ruff check .
 

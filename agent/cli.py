@@ -31,18 +31,16 @@ examples:
       --log /var/log/train/rank0.log --disk-budget 20G --budget-policy drop-oldest
 """
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
 def parse_size(text: str) -> int:
-    """'512M', '20G', '1.5GiB', '1000' -> bytes (binary multiples)."""
+    """'512M', '20G', '1.5GiB', '1000' -> bytes (binary multiples); CliError if bad."""
+    from fleetscope.agent.config import parse_size as parse
+
     from fleetscope.cli import CliError
 
-    m = _SIZE.match(text)
-    if not m:
-        raise CliError(f"bad size {text!r}; use e.g. 500M, 20G or a number of bytes")
-    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
-    return int(float(m.group(1)) * mult)
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,50 +50,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--server", required=True, metavar="URL",
                    help="fleetscope server base URL, e.g. http://ctl:8000")
     p.add_argument("--spool", required=True, metavar="DIR", help="spool directory the trainer writes")
-    p.add_argument("--job", metavar="ID", help="ship only this job (default: every job in the spool)")
     p.add_argument("--log", action="append", default=[], metavar="FILE", dest="logs",
                    help="trainer log file to scan (repeatable); <spool>/<job>/rank-*/*.log "
                         "are scanned anyway")
-    p.add_argument("--state-dir", metavar="DIR", help="offsets/outbox dir (default <spool>/.fleetscope-agent)")
-    p.add_argument("--host", metavar="NAME", help="host name to report (default: this host's name)")
     p.add_argument("--token-file", metavar="FILE",
                    help="file holding the bearer token (an 'ingest' token from `fleetscope token "
                         "create --scope ingest`); default $FLEETSCOPE_TOKEN_FILE, else $FLEETSCOPE_TOKEN")
     p.add_argument("--token", metavar="TOKEN", default=None,
                    help="bearer token on the command line: DISCOURAGED, every user of the host "
                         "sees it in `ps`; use --token-file or $FLEETSCOPE_TOKEN")
-    g = p.add_argument_group("batching and retries")
-    g.add_argument("--batch-bytes", default="4M", metavar="SIZE",
-                   help="ship when this much spool data is pending (default 4M)")
-    g.add_argument("--batch-delay", type=float, default=0.5, metavar="S",
-                   help="...or when the oldest pending frame waited this long (default 0.5)")
-    g.add_argument("--in-flight", type=int, default=4, metavar="N",
-                   help="batches on the wire at once (default 4; 1 = one request at a time)")
-    g.add_argument("--poll", type=float, default=0.1, metavar="S", help="spool scan period (default 0.1)")
-    g.add_argument("--compression", default="zstd", choices=["zstd", "lz4", "none"],
-                   help="wire compression (default zstd)")
-    g.add_argument("--max-backoff", type=float, default=5.0, metavar="S",
-                   help="cap of the exponential retry backoff (default 5)")
-    g = p.add_argument_group("retention")
-    g.add_argument("--disk-budget", metavar="SIZE", help="spool disk budget, e.g. 20G (default none)")
-    g.add_argument("--budget-policy", choices=["keep", "drop-oldest"], default="keep",
-                   help="at the budget with only unacked data left (default keep)")
-    g.add_argument("--rejected-max", default="64M", metavar="SIZE",
-                   help="cap of <state>/rejected/ (frames the server refused; oldest deleted "
-                        "beyond it; default 64M)")
-    g.add_argument("--retain-acked", action="store_true",
-                   help="keep acked sealed segments until the budget needs the space")
-    g = p.add_argument_group("metrics, heartbeats, clock")
-    g.add_argument("--metrics-interval", type=float, default=10.0, metavar="S",
-                   help="GPU/host/NIC metric period (default 10)")
-    g.add_argument("--heartbeat", type=float, default=2.0, metavar="S", help="heartbeat period (default 2)")
-    g.add_argument("--no-gpu", action="store_true", help="do not use NVML")
-    g.add_argument("--no-clock-sync", action="store_true",
-                   help="do not estimate the clock offset (send 0)")
-    g.add_argument("--otlp-endpoint", metavar="URL",
-                   help="also export metrics via OTLP/HTTP, e.g. http://otel:4318/v1/metrics")
-    g.add_argument("--proc-root", default="/proc", metavar="DIR", help="procfs root (default /proc)")
-    g.add_argument("--sys-root", default="/sys", metavar="DIR", help="sysfs root (default /sys)")
+    # every other flag is generated from AgentConfig's fields (default and help defined once)
+    from fleetscope.agent.config import AgentConfig
+
+    from fleetscope.dataclass_cli import add_arguments
+
+    add_arguments(p, AgentConfig)
     p.add_argument("--drain-timeout", type=float, default=5.0, metavar="S",
                    help="on SIGTERM/SIGINT, ship what is on disk for up to S seconds before "
                         "exiting; a second signal exits at once (default 5)")
@@ -106,37 +75,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def build_config(args: argparse.Namespace):
     """An :class:`~fleetscope.agent.config.AgentConfig` from parsed arguments."""
-    from fleetscope.agent.config import AgentConfig
+    from fleetscope.agent.config import AgentConfig, ConfigError, read_token
 
     from fleetscope.cli import CliError
+    from fleetscope.dataclass_cli import config_kwargs, flag_name
 
     if not re.match(r"^https?://", args.server):
         raise CliError(f"--server {args.server!r}: expected an http:// or https:// URL")
-    for name in ("batch_delay", "poll", "metrics_interval", "heartbeat", "max_backoff"):
-        if getattr(args, name) <= 0:
-            raise CliError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be positive")
-    from fleetscope.agent.config import read_token
-
     try:
         token = read_token(args.token_file, args.token)
     except ValueError as e:
         raise CliError(f"--token-file: {e}") from None
-    kw = {}
-    if args.host:
-        kw["host"] = args.host
     try:
-        return AgentConfig(
-            server=args.server, spool=args.spool, job=args.job, state_dir=args.state_dir,
-            token=token, batch_bytes=parse_size(args.batch_bytes),
-            rejected_max_bytes=parse_size(args.rejected_max),
-            batch_delay_s=args.batch_delay, poll_s=args.poll, compression=args.compression,
-            in_flight=args.in_flight,
-            max_backoff_s=args.max_backoff, clock_sync=not args.no_clock_sync,
-            heartbeat_s=args.heartbeat, metrics_interval_s=args.metrics_interval,
-            gpu=not args.no_gpu, proc_root=args.proc_root, sys_root=args.sys_root,
-            otlp_endpoint=args.otlp_endpoint, logs=args.logs,
-            disk_budget_bytes=parse_size(args.disk_budget) if args.disk_budget else None,
-            budget_policy=args.budget_policy, retain_acked=args.retain_acked, **kw)
+        kw = config_kwargs(args, AgentConfig)
+    except ValueError as e:  # a bad size
+        raise CliError(str(e)) from None
+    try:
+        return AgentConfig(server=args.server, spool=args.spool, token=token, logs=args.logs, **kw)
+    except ConfigError as e:
+        raise CliError(f"{flag_name(AgentConfig, e.field)} {e.value}: {e.reason}") from None
     except ValueError as e:
         raise CliError(str(e)) from None
 

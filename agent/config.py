@@ -1,20 +1,69 @@
-"""Agent configuration: one dataclass, filled from the command line (``agent/cli.py``)."""
+"""Agent configuration: one dataclass; ``agent/cli.py`` generates its flags from the fields."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from fleetscope import env
+from fleetscope.dataclass_cli import flag
 
 AGENT_VERSION = "0.1.0"
 STATE_DIR_NAME = ".fleetscope-agent"
 """Default state directory, inside the spool (names starting with '.' are not jobs)."""
 
 
+BATCH_BYTES = 4 << 20
+"""Default of :attr:`AgentConfig.batch_bytes` (also the :class:`Shipper`'s)."""
+BATCH_DELAY_S = 0.5
+"""Default of :attr:`AgentConfig.batch_delay_s` (also the :class:`Shipper`'s)."""
+POLL_S = 0.1
+"""Default of :attr:`AgentConfig.poll_s` (also the :class:`Shipper`'s)."""
+MAX_BACKOFF_S = 5.0
+"""Default of :attr:`AgentConfig.max_backoff_s` (also the :class:`Transport`'s)."""
+REJECTED_MAX_BYTES = 64 << 20
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'512M', '20G', '1.5GiB', '1000' -> bytes (binary multiples).
+
+    Raises:
+        ValueError: naming the text.
+    """
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"bad size {text!r}; use e.g. 500M, 20G or a number of bytes")
+    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(float(m.group(1)) * mult)
+
+
+class ConfigError(ValueError):
+    """A bad value of one :class:`AgentConfig` field (the CLI names its flag)."""
+
+    def __init__(self, field_name: str, value: object, reason: str) -> None:
+        super().__init__(f"{field_name} {reason}, got {value!r}")
+        self.field = field_name
+        self.value = value
+        self.reason = reason
+
+
+BATCHING = "batching and retries"
+RETENTION = "retention"
+METRICS = "metrics, heartbeats, clock"
+
+
 @dataclass
 class AgentConfig:
-    """Everything one agent process needs; defaults keep end-to-end latency under 2 s."""
+    """Everything one agent process needs; defaults keep end-to-end latency under 2 s.
+
+    The ``fleetscope agent`` flags are generated from these fields (their ``flag``
+    metadata, their docstrings as help, their defaults), see :mod:`fleetscope.dataclass_cli`.
+    """
 
     server: str
     """Base URL of the fleetscope server, e.g. ``http://ctl:8000``."""
@@ -23,53 +72,69 @@ class AgentConfig:
     token: str | None = None
     """Bearer token for a server that requires one (``--token-file``, ``FLEETSCOPE_TOKEN_FILE``
     or ``FLEETSCOPE_TOKEN``; see :func:`read_token`)."""
-    job: str | None = None
-    """Ship only this job's directory; ``None`` ships every job found."""
-    state_dir: Path | None = None
-    """Offsets, the agent's own outbox and rejected frames; default ``<spool>/.fleetscope-agent``."""
-    host: str = field(default_factory=socket.gethostname)
-    """Host name sent as ``X-Fleetscope-Host`` and written into host-level records."""
-    batch_bytes: int = 4 << 20
-    """Ship as soon as this many spool payload bytes are pending."""
-    batch_delay_s: float = 0.5
-    """...or once the oldest pending frame has waited this long."""
-    in_flight: int = 4
-    """Batches posted concurrently (acks may come back in any order; offsets still move
-    only over each file's contiguous acknowledged prefix)."""
-    poll_s: float = 0.1
-    """How often the spool is scanned for new bytes when idle."""
-    compression: str | None = "zstd"
-    """Arrow IPC compression on the wire: 'zstd', 'lz4' or None."""
+    job: str | None = field(default=None, metadata=flag("--job", metavar="ID"))
+    """Ship only this job's directory (default: every job found in the spool)."""
+    state_dir: Path | None = field(default=None, metadata=flag(
+        "--state-dir", metavar="DIR", default_text="<spool>/.fleetscope-agent"))
+    """Offsets, the agent's own outbox and rejected frames."""
+    host: str = field(default_factory=socket.gethostname, metadata=flag("--host", metavar="NAME"))
+    """Host name sent as ``X-Fleetscope-Host`` and written into host-level records (default:
+    this host's name)."""
+    batch_bytes: int = field(default=BATCH_BYTES, metadata=flag(
+        "--batch-bytes", group=BATCHING, metavar="SIZE", parse=parse_size, default_text="4M"))
+    """Ship as soon as this much spool payload is pending."""
+    batch_delay_s: float = field(default=BATCH_DELAY_S, metadata=flag(
+        "--batch-delay", group=BATCHING, metavar="S"))
+    """...or once the oldest pending frame has waited this many seconds."""
+    in_flight: int = field(default=4, metadata=flag("--in-flight", group=BATCHING, metavar="N"))
+    """Batches on the wire at once; 1 = one request at a time (acks may come back in any
+    order; offsets still move only over each file's contiguous acknowledged prefix)."""
+    poll_s: float = field(default=POLL_S, metadata=flag("--poll", group=BATCHING, metavar="S"))
+    """Spool scan period when idle, in seconds."""
+    compression: str | None = field(default="zstd", metadata=flag(
+        "--compression", group=BATCHING, choices=("zstd", "lz4", "none")))
+    """Arrow IPC compression on the wire."""
     request_timeout_s: float = 30.0
     """Timeout of one POST."""
-    max_backoff_s: float = 5.0
-    """Cap of the exponential retry backoff (with full jitter)."""
-    clock_sync: bool = True
-    """Estimate the clock offset to the server; off: offset 0 is sent."""
+    max_backoff_s: float = field(default=MAX_BACKOFF_S, metadata=flag(
+        "--max-backoff", group=BATCHING, metavar="S"))
+    """Cap of the exponential retry backoff in seconds (each wait is drawn uniformly from
+    [d/2, d], d = min(cap, 0.1 s * 2**attempt); see ``agent/transport.py``)."""
+    clock_sync: bool = field(default=True, metadata=flag("--no-clock-sync", group=METRICS,
+                                                          negate=True))
+    """Estimate this host's clock offset to the server; off (--no-clock-sync): send 0."""
     clock_interval_s: float = 60.0
     """How often the clock offset is re-estimated."""
-    heartbeat_s: float = 2.0
-    """Heartbeat period."""
-    metrics_interval_s: float = 10.0
-    """Period of GPU, host and NIC metric collection."""
-    gpu: bool = True
-    """Collect NVML GPU metrics when a driver is present."""
-    proc_root: Path = Path("/proc")
+    heartbeat_s: float = field(default=2.0, metadata=flag("--heartbeat", group=METRICS, metavar="S"))
+    """Heartbeat period in seconds."""
+    metrics_interval_s: float = field(default=10.0, metadata=flag(
+        "--metrics-interval", group=METRICS, metavar="S"))
+    """Period of GPU, host and NIC metric collection in seconds."""
+    gpu: bool = field(default=True, metadata=flag("--no-gpu", group=METRICS, negate=True))
+    """Collect NVML GPU metrics when a driver is present (--no-gpu: do not use NVML)."""
+    proc_root: Path = field(default=Path("/proc"), metadata=flag(
+        "--proc-root", group=METRICS, metavar="DIR"))
     """Root of procfs (a fixture tree in tests)."""
-    sys_root: Path = Path("/sys")
+    sys_root: Path = field(default=Path("/sys"), metadata=flag(
+        "--sys-root", group=METRICS, metavar="DIR"))
     """Root of sysfs (a fixture tree in tests)."""
-    otlp_endpoint: str | None = None
-    """Also export metrics over OTLP/HTTP to this endpoint (e.g. http://otel:4318/v1/metrics)."""
+    otlp_endpoint: str | None = field(default=None, metadata=flag(
+        "--otlp-endpoint", group=METRICS, metavar="URL"))
+    """Also export metrics over OTLP/HTTP to this endpoint, e.g. http://otel:4318/v1/metrics."""
     logs: list[Path] = field(default_factory=list)
     """Extra trainer log files to scan (``<spool>/<job>/rank-*/*.log`` are found by convention)."""
-    disk_budget_bytes: int | None = None
-    """Spool disk budget; ``None`` = unlimited. See ``agent/retention.py`` for the policy."""
-    budget_policy: str = "keep"
-    """At the budget with only unacked data left: 'keep' (warn, delete nothing) or 'drop-oldest'."""
-    retain_acked: bool = False
-    """Keep fully acked sealed segments until the budget needs the space (oldest first)."""
-    rejected_max_bytes: int = 64 << 20
+    disk_budget_bytes: int | None = field(default=None, metadata=flag(
+        "--disk-budget", group=RETENTION, metavar="SIZE", parse=parse_size))
+    """Spool disk budget, e.g. 20G; none = unlimited. See ``agent/retention.py`` for the policy."""
+    budget_policy: str = field(default="keep", metadata=flag(
+        "--budget-policy", group=RETENTION, choices=("keep", "drop-oldest")))
+    """At the budget with only unacked data left: 'keep' (warn, delete nothing) or
+    'drop-oldest' (delete the oldest sealed unacked segments, counted and logged)."""
+    rejected_max_bytes: int = field(default=REJECTED_MAX_BYTES, metadata=flag(
+        "--rejected-max", group=RETENTION, metavar="SIZE", parse=parse_size, default_text="64M"))
     """Cap on ``<state>/rejected/`` (frames the server refused); oldest deleted beyond it."""
+    retain_acked: bool = field(default=False, metadata=flag("--retain-acked", group=RETENTION))
+    """Keep fully acked sealed segments until the budget needs the space (oldest first)."""
     dead_writer_grace_s: float = 5.0
     """A segment whose writer process is gone and that has not changed this long is sealed."""
     control_poll_s: float = 2.0
@@ -87,16 +152,16 @@ class AgentConfig:
         if self.compression in ("none", ""):
             self.compression = None
         if self.compression not in (None, "zstd", "lz4"):
-            raise ValueError(f"compression must be zstd, lz4 or none, got {self.compression!r}")
+            raise ConfigError("compression", self.compression, "must be zstd, lz4 or none")
         if self.budget_policy not in ("keep", "drop-oldest"):
-            raise ValueError(f"budget policy must be keep or drop-oldest, got {self.budget_policy!r}")
+            raise ConfigError("budget_policy", self.budget_policy, "must be keep or drop-oldest")
         for name in ("batch_bytes", "in_flight", "rejected_max_bytes"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise ConfigError(name, getattr(self, name), "must be positive")
         for name in ("batch_delay_s", "poll_s", "heartbeat_s", "metrics_interval_s",
-                     "control_poll_s"):
+                     "control_poll_s", "max_backoff_s", "request_timeout_s"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise ConfigError(name, getattr(self, name), "must be positive")
 
     @property
     def outbox_dir(self) -> Path:
@@ -119,8 +184,8 @@ def node_name() -> str:
     return ""
 
 
-TOKEN_ENV = "FLEETSCOPE_TOKEN"
-TOKEN_FILE_ENV = "FLEETSCOPE_TOKEN_FILE"
+TOKEN_ENV = env.TOKEN.name
+TOKEN_FILE_ENV = env.TOKEN_FILE.name
 
 
 def read_token(token_file: str | os.PathLike | None = None, argv_token: str | None = None) -> str | None:

@@ -69,7 +69,7 @@ class LogScanner:
     """Scans log files incrementally; :meth:`scan_once` is one pass over all of them."""
 
     def __init__(self, outbox: Outbox, offsets: OffsetStore, host: str, spool: Path,
-                 extra: list[Path] = (), job: str | None = None, context_lines: int = 5,
+                 extra: list[Path] | tuple[Path, ...] = (), job: str | None = None, context_lines: int = 5,
                  flush_after_s: float = 1.0):
         self.outbox = outbox
         self.offsets = offsets

@@ -64,6 +64,7 @@ def open_nvml(module: ModuleType | None = None) -> ModuleType | None:
         nv = module
         if nv is None:
             import pynvml as nv  # type: ignore[no-redef]
+        assert nv is not None
         nv.nvmlInit()
         return nv
     except ImportError as e:
@@ -121,9 +122,9 @@ class GpuSampler:
         for r in ranks:
             if r in out.values() or not self.ranks.writer_alive(r):
                 continue
-            i = physical_gpu(r, self.uuids)
-            if i is not None and i not in out:
-                out[i] = r
+            gpu = physical_gpu(r, self.uuids)
+            if gpu is not None and gpu not in out:
+                out[gpu] = r
         return out
 
     def sample(self) -> list[tuple[str, int, float]]:

@@ -46,7 +46,7 @@ def _entries(doc: object, name: str) -> dict[str, dict[str, int]]:
         raise ValueError(f"{name}: expected an object")
     for k, e in doc.items():
         if not (isinstance(e, dict) and all(
-                isinstance(e.get(f), int) and not isinstance(e.get(f), bool) and e.get(f) >= 0
+                isinstance(e.get(f), int) and not isinstance(e.get(f), bool) and e[f] >= 0
                 for f in ("ino", "offset"))):
             raise ValueError(f"{name}[{k!r}]: expected {{'ino': int, 'offset': int}}")
     return doc

@@ -69,7 +69,7 @@ class Retention:
     def acked(self, seg: Segment) -> int:
         return self.offsets.offset(seg.key, seg.ino)
 
-    def apply(self, segs: list[Segment], busy: set[str] = frozenset()) -> list[Segment]:
+    def apply(self, segs: list[Segment], busy: set[str] | frozenset[str] = frozenset()) -> list[Segment]:
         """Delete what the policy says; returns the segments still on disk.
 
         ``busy`` names the files of the pending batches (never dropped unacked: a

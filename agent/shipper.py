@@ -34,6 +34,7 @@ from pathlib import Path
 
 from fleetscope.agent.batch import Batch, build_batch, frames_for_ranges
 from fleetscope.agent.clock import ClockSync
+from fleetscope.agent.config import BATCH_BYTES, BATCH_DELAY_S, POLL_S, REJECTED_MAX_BYTES
 from fleetscope.agent.offsets import OffsetStore, Pending
 from fleetscope.agent.outbox import Outbox
 from fleetscope.agent.ranks import RankRegistry
@@ -76,10 +77,10 @@ class Shipper:
     def __init__(self, *, host: str, tailer: SpoolTailer, offsets: OffsetStore,
                  transport: Transport, clock: ClockSync, retention: Retention,
                  ranks: RankRegistry | None, outbox: Outbox | None, state_dir: Path,
-                 batch_bytes: int = 4 << 20, batch_delay_s: float = 0.5, poll_s: float = 0.1,
+                 batch_bytes: int = BATCH_BYTES, batch_delay_s: float = BATCH_DELAY_S, poll_s: float = POLL_S,
                  compression: str | None = "zstd", in_flight: int = 4,
                  stop_event: threading.Event | None = None,
-                 rejected_max_bytes: int = 64 << 20):
+                 rejected_max_bytes: int = REJECTED_MAX_BYTES):
         self.host = host
         self.tailer = tailer
         self.offsets = offsets

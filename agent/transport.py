@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass
 
 import httpx
+from fleetscope.agent.config import MAX_BACKOFF_S
 
 from fleetscope import codec
 from fleetscope.config import API_PREFIX
@@ -41,7 +42,10 @@ class PostResult:
 
 
 def backoff_s(attempt: int, cap_s: float, base_s: float = 0.1) -> float:
-    """Exponential backoff with jitter: uniform in [d/2, d], d = min(cap, base * 2**attempt)."""
+    """Exponential backoff with "equal jitter": uniform in [d/2, d], d = min(cap, base * 2**attempt).
+
+    (Not "full jitter", [0, d]: a retry never comes back sooner than half the backoff.)
+    """
     d = min(cap_s, base_s * (2 ** min(attempt, 30)))
     return d / 2 + random.uniform(0, d / 2)
 
@@ -63,7 +67,7 @@ class Transport:
     the counters and the warn-once state below are guarded by a lock.
     """
 
-    def __init__(self, server: str, host: str, timeout_s: float = 30.0, max_backoff_s: float = 5.0,
+    def __init__(self, server: str, host: str, timeout_s: float = 30.0, max_backoff_s: float = MAX_BACKOFF_S,
                  token: str | None = None):
         self.server = server.rstrip("/")
         self.host = host

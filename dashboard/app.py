@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import dash
@@ -26,6 +27,8 @@ from fleetscope.dashboard.client import ApiClient
 from fleetscope.dashboard.components import message
 from fleetscope.dashboard.pages import fleet, host, incidents, job
 from fleetscope.dashboard.prefetch import Prefetcher
+
+from fleetscope import env
 
 ASSETS = Path(__file__).parent / "assets"
 DCC = Path(dcc.__file__).parent
@@ -39,9 +42,9 @@ never supersedes (and so starves) them on a slow server."""
 def create_dash_app(
     api_base: str | Callable[[], str],
     url_base_pathname: str = "/ui/",
-    refresh_s: float = 5.0,
+    refresh_s: float = env.UI_REFRESH_S.default,
     token: str | None = None,
-    server: bool | object = True,
+    server: Any = True,
     mounted: bool = False,
     credential: Callable[[], str | None] | None = None,
 ) -> dash.Dash:
@@ -63,18 +66,19 @@ def create_dash_app(
     if refresh_s < 0:
         raise ValueError(f"refresh_s must be >= 0, got {refresh_s}")
     client = ApiClient(api_base, token=token, credential=credential)
+    prefixes: dict[str, Any] = (
+        {"requests_pathname_prefix": url_base_pathname, "routes_pathname_prefix": "/"}
+        if mounted
+        else {"url_base_pathname": url_base_pathname}
+    )
     app = dash.Dash(
         __name__,
         server=server,
-        **(
-            {"requests_pathname_prefix": url_base_pathname, "routes_pathname_prefix": "/"}
-            if mounted
-            else {"url_base_pathname": url_base_pathname}
-        ),
+        **prefixes,
         assets_folder=str(ASSETS),
         suppress_callback_exceptions=True,
         title="fleetscope",
-        update_title=None,
+        update_title=None,  # type: ignore[arg-type]  # dash's stub says str; None is documented
     )
     # plotly.js and the Graph/Dropdown code are async chunks Dash fetches only when the
     # first graph mounts; preloading them overlaps their download with the renderer's
@@ -86,13 +90,13 @@ def create_dash_app(
         for p in chunks
     )
     if plotly_bundle.use_partial():
-        route = plotly_bundle.route_path()
+        bundle_route = plotly_bundle.route_path()
         app.server.add_url_rule(
-            app.config.routes_pathname_prefix.rstrip("/") + route,
+            app.config.routes_pathname_prefix.rstrip("/") + bundle_route,
             "fleetscope_plotly_js",
             _serve_partial_plotly,
         )
-        head += plotly_bundle.head_html(app.get_relative_path(route))
+        head += plotly_bundle.head_html(app.get_relative_path(bundle_route))
     else:
         full = app.get_relative_path("/_dash-component-suites/plotly/package_data/plotly.min.js")
         head += f'<link rel="preload" href="{full}" as="script">\n        '

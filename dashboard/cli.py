@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from fleetscope import env
 from fleetscope.config import DEFAULT_HOST
 
 DEFAULT_DASHBOARD_PORT = 8050
@@ -30,8 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=DEFAULT_HOST, help=f"interface to bind (default {DEFAULT_HOST})")
     p.add_argument("--port", type=int, default=DEFAULT_DASHBOARD_PORT,
                    help=f"port to serve on (default {DEFAULT_DASHBOARD_PORT})")
-    p.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS",
-                   help="live-update interval in seconds; 0 disables live updates (default 5)")
+    p.add_argument("--refresh", type=float, default=None, metavar="SECONDS",
+                   help="live-update interval in seconds; 0 disables live updates "
+                        f"(default ${env.UI_REFRESH_S.name}, else {env.UI_REFRESH_S.default:g})")
     p.add_argument("--token", default=None,
                    help="bearer token, if the server requires one (or FLEETSCOPE_TOKEN). Every browser "
                         "that reaches this standalone dashboard acts with it, so it may only bind "
@@ -40,7 +42,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
 
     from fleetscope.cli import CliError
 
@@ -52,11 +53,16 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--api: {e}") from None
     if not 0 < args.port < 65536:
         raise CliError(f"--port: {args.port} is not a TCP port (1-65535)")
+    if args.refresh is None:
+        try:
+            args.refresh = env.UI_REFRESH_S.get()
+        except ValueError as e:
+            raise CliError(str(e)) from None
     if args.refresh < 0:
         raise CliError(f"--refresh: {args.refresh} must be >= 0")
     from .app import create_dash_app
 
-    token = args.token or os.environ.get("FLEETSCOPE_TOKEN")
+    token = args.token or env.TOKEN.get()
     if token and args.host not in ("127.0.0.1", "localhost", "::1"):
         raise CliError(f"--host {args.host}: a standalone dashboard with a token lends it to every "
                        "browser that reaches it; bind loopback or use the server's /ui (login page)")

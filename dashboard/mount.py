@@ -13,14 +13,14 @@ it could not get from the API directly (the server's ``UiGate`` turns it away fi
 
 from __future__ import annotations
 
-import os
 from typing import Any
 from urllib.parse import urlsplit
 
+from fleetscope import env
 from fleetscope.config import API_PREFIX, UI_COOKIE
 
 UI_PATH = "/ui"
-REFRESH_ENV = "FLEETSCOPE_UI_REFRESH_S"
+REFRESH_ENV = env.UI_REFRESH_S.name
 
 
 def mount_dashboard(app: Any, api_base: str, refresh_s: float | None = None, path: str = UI_PATH) -> Any:
@@ -42,11 +42,7 @@ def mount_dashboard(app: Any, api_base: str, refresh_s: float | None = None, pat
     from fleetscope.dashboard.app import create_dash_app
 
     if refresh_s is None:
-        raw = os.environ.get(REFRESH_ENV, "5")
-        try:
-            refresh_s = float(raw)
-        except ValueError:
-            raise ValueError(f"{REFRESH_ENV}={raw!r} is not a number of seconds") from None
+        refresh_s = env.UI_REFRESH_S.get()  # ValueError naming the variable
     base: Any = api_base
     parts = urlsplit(api_base)
     if parts.port == 0:

@@ -26,11 +26,14 @@ that never run their callbacks (crawlers, curl) cost a bounded amount."""
 class Prefetcher:
     """Single-use, short-lived results of calls started ahead of their callbacks."""
 
-    def __init__(self, workers: int = 2, ttl_s: float = TTL_S, max_pending: int = MAX_PENDING) -> None:
+    def __init__(self, workers: int = 2, ttl_s: float = TTL_S, max_pending: int = MAX_PENDING,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        """``clock`` (seconds, monotonic) is injectable so tests need not sleep."""
         if ttl_s <= 0 or max_pending < 1 or workers < 1:
             raise ValueError("ttl_s must be > 0, max_pending and workers >= 1")
         self.ttl_s = ttl_s
         self.max_pending = max_pending
+        self._clock = clock
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetscope-ui-prefetch")
         self._lock = threading.Lock()
         self._pending: dict[Hashable, tuple[float, Future]] = {}
@@ -38,7 +41,7 @@ class Prefetcher:
     def start(self, key: Hashable, fn: Callable[[], Any]) -> bool:
         """Run ``fn`` in the background for a later :meth:`take` of ``key``; False when
         a fresh one for ``key`` is already pending."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             self._drop_stale(now)
             if key in self._pending:
@@ -53,10 +56,10 @@ class Prefetcher:
         nothing fresh was started for it or the call raised."""
         with self._lock:
             entry = self._pending.pop(key, None)
-        if entry is None or time.monotonic() - entry[0] > self.ttl_s:
+        if entry is None or self._clock() - entry[0] > self.ttl_s:
             return None
         try:
-            return entry[1].result(timeout=max(0.0, entry[0] + self.ttl_s - time.monotonic()))
+            return entry[1].result(timeout=max(0.0, entry[0] + self.ttl_s - self._clock()))
         except Exception:  # noqa: BLE001 - the caller makes the call itself instead
             return None
 

@@ -21,7 +21,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "fleetscope.trainer.cli",
     "fleetscope.dashboard.cli",
     "fleetscope.kernels.cli",
-    "fleetscope.demo",
+    "fleetscope.server.demo",
     "fleetscope.sim.cli",
     "fleetscope.server.tokens_cli",
     "fleetscope.server.control_cli",

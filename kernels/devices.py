@@ -15,13 +15,14 @@ stays unknown (fraction of peak NaN) unless configured.
 from __future__ import annotations
 
 import math
-import os
 import platform
 from dataclasses import dataclass
 from typing import Any, Final
 
-ENV_PEAK_TFLOPS: Final = "FLEETSCOPE_PEAK_TFLOPS"
-ENV_PEAK_MEM_GBPS: Final = "FLEETSCOPE_PEAK_MEM_GBPS"
+from fleetscope import env
+
+ENV_PEAK_TFLOPS: Final = env.PEAK_TFLOPS.name
+ENV_PEAK_MEM_GBPS: Final = env.PEAK_MEM_GBPS.name
 
 
 @dataclass(frozen=True)
@@ -94,16 +95,8 @@ def gpu_spec(name: str) -> GpuSpec | None:
 
 
 def _env_float(name: str) -> float | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        v = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-    if not v > 0:
-        raise ValueError(f"{name}={raw!r} must be a positive number")
-    return v
+    """A peak override from the environment (declared in :mod:`fleetscope.env`)."""
+    return {v.name: v for v in (env.PEAK_TFLOPS, env.PEAK_MEM_GBPS)}[name].get()
 
 
 def cpu_model() -> str:

@@ -28,6 +28,7 @@ from fleetscope import codec, spool
 from fleetscope.schema import record_type
 from tests.agent_writer import expected
 from tests.helpers.server import ServerProcess, free_port
+from tests.helpers.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"steps": "rank, step", "sections": "rank, step, microbatch, name",
@@ -98,13 +99,28 @@ def all_acked(spool_dir: Path, job: str) -> bool:
     return True
 
 
-def wait_for(cond, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+def outbox_acked_with(spool_dir: Path, want_metric: str, want_log_kind: str, num_ranks: int) -> bool:
+    """The agent's own outbox holds ``want_metric``, a ``want_log_kind`` log event and a
+    heartbeat for each of ``num_ranks`` ranks, and the server acknowledged all of it."""
+    outbox = spool_dir / ".fleetscope-agent" / "outbox"
+    files = state(spool_dir).get("files", {})
+    metrics, kinds, beat_ranks = set(), set(), set()
+    for seg in spool.list_segments(outbox):
+        e = files.get(f"@outbox/{seg.name}")
+        if e is None or e["offset"] < seg.stat().st_size:
+            return False  # written but not yet acknowledged
+        for f in spool.read_frames(seg):
+            if f.payload is None:
+                continue
+            t = codec.ipc_to_table(f.payload)
+            cols = set(t.column_names)
+            if {"name", "value"} <= cols:
+                metrics.update(t.column("name").to_pylist())
+            if {"kind", "message"} <= cols:
+                kinds.update(t.column("kind").to_pylist())
+            if "alive" in cols:
+                beat_ranks.update(t.column("rank").to_pylist())
+    return want_metric in metrics and want_log_kind in kinds and set(range(num_ranks)) <= beat_ranks
 
 
 def assert_store_equals_spool(store_url: str, spool_dir: Path, job: str) -> None:
@@ -178,7 +194,9 @@ def test_server_down_mid_job_nothing_lost_backlog_drains(tmp_path):
         wait_for(lambda: state(sp).get("files"), 120, "the first acknowledged batch")
         srv.stop()
         down_at = time.monotonic()
-        time.sleep(OUTAGE_S)
+        # the agent notices (and says so) while the server is down; then the outage lasts
+        wait_for(lambda: "cannot ship" in log.read_text(), OUTAGE_S, "the agent to see the outage")
+        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
         assert writer.poll() is None, "the job should still be writing when the server returns"
         backlog_before = sum(s.stat().st_size for s in sp.glob("outage/rank-*/seg-*.fsp"))
         srv.start()
@@ -236,7 +254,9 @@ def test_corrupt_bytes_logs_heartbeats_metrics_clock(tmp_path):
         log = tmp_path / "agent.log"
         agent = start_agent(sp, srv.base_url, log, "--heartbeat", "0.5")
         wait_for(lambda: all_acked(sp, "cj"), 120, "the spool to be shipped")
-        time.sleep(2.5)  # a metrics export, heartbeats and the log event reach the outbox
+        # a metrics export, heartbeats and the log event reach the outbox and are acked
+        wait_for(lambda: outbox_acked_with(sp, "agent.clock_offset_ns", "nccl_warn", 2), 60,
+                 "the agent's metrics, heartbeats and log event to be acknowledged")
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(20) == 0
         counters = state(sp)["counters"]

@@ -10,17 +10,17 @@ by); the duplicates are counted and may only be the notifications that were in f
 
 from __future__ import annotations
 
-import collections
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fleetscope.server.db import open_db
 from fleetscope.server.db.diagnosis_models import AlertOutbox, Webhook
 from sqlalchemy import func, select
 
 from tests.helpers.server import ServerProcess
+from tests.helpers.waiting import wait_for
+from tests.helpers.webhooks import Delivery, WebhookReceiver
 
 NUM_GROUPS = 8
 ALERTS_PER_GROUP = 3
@@ -29,47 +29,27 @@ HELD_GROUPS = frozenset({"j0", "j1", "j2"})
 LEASE_S = 4.0
 
 
-class Receiver:
-    """Counts notification ids on receipt; holds the payloads of HELD_GROUPS while ``hold``."""
+class HoldingReceiver(WebhookReceiver):
+    """Holds the payloads of HELD_GROUPS open while ``hold`` is set (counted on receipt)."""
 
     def __init__(self, delay_s: float = 0.0) -> None:
-        self.counts: collections.Counter[str] = collections.Counter()
         self.held_in_flight = 0
         self.hold = threading.Event()
         self.hold.set()
         self.release = threading.Event()
-        self.lock = threading.Lock()
-        outer = self
+        self._held_lock = threading.Lock()
+        super().__init__(delay_s=delay_s, on_post=self._maybe_hold)
 
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                job = body["groupLabels"]["job"]
-                with outer.lock:
-                    for a in body["alerts"]:
-                        outer.counts[a["annotations"]["notification_id"]] += 1
-                    held = outer.hold.is_set() and job in HELD_GROUPS
-                    outer.held_in_flight += held
-                if held:
-                    outer.release.wait(60)  # the server dies meanwhile; this answer goes nowhere
-                time.sleep(delay_s)
-                try:
-                    self.send_response(200)
-                    self.end_headers()
-                except OSError:
-                    pass
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    def _maybe_hold(self, delivery: Delivery) -> None:
+        with self._held_lock:
+            held = self.hold.is_set() and delivery.json()["groupLabels"]["job"] in HELD_GROUPS
+            self.held_in_flight += held
+        if held:
+            self.release.wait(60)  # the server dies meanwhile; this answer goes nowhere
 
     def close(self) -> None:
         self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().close()
 
 
 def queue_outbox(db_url: str, url: str, num_groups: int = NUM_GROUPS) -> None:
@@ -102,17 +82,15 @@ def delivered(db_url: str) -> int:
 
 
 def wait_until(fn, timeout_s: float, what: str, proc: ServerProcess | None = None):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{proc.log() if proc else ''}")
+    """:func:`wait_for`, with the server's log in the failure."""
+    try:
+        return wait_for(fn, timeout_s, what)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{proc.log() if proc else ''}") from None
 
 
 def test_kill_9_during_delivery_delivers_each_notification_at_least_once(tmp_path):
-    rx = Receiver()
+    rx = HoldingReceiver()
     db_url = f"sqlite:///{tmp_path / 'control.db'}"
     queue_outbox(db_url, rx.url)
     total = NUM_GROUPS * ALERTS_PER_GROUP
@@ -122,7 +100,7 @@ def test_kill_9_during_delivery_delivers_each_notification_at_least_once(tmp_pat
         server.start()
         wait_until(lambda: rx.held_in_flight == len(HELD_GROUPS) and delivered(db_url) == prompt, 60,
                    "prompt payloads recorded, held ones in flight", server)  # fmt: skip
-        first_ids = set(rx.counts)
+        first_ids = set(rx.notification_counts())
         assert len(first_ids) == total  # everything was sent once before the crash
         server.kill()  # SIGKILL to the process group, mid-delivery
         rx.hold.clear()  # after the restart the receiver answers everything at once
@@ -134,16 +112,17 @@ def test_kill_9_during_delivery_delivers_each_notification_at_least_once(tmp_pat
     finally:
         server.stop()
         rx.close()
-    assert set(rx.counts) == first_ids  # the same stable ids: the receiver can deduplicate
-    assert all(n >= 1 for n in rx.counts.values())  # at least once
-    duplicates = sum(n - 1 for n in rx.counts.values())
+    counts = rx.notification_counts()
+    assert set(counts) == first_ids  # the same stable ids: the receiver can deduplicate
+    assert all(n >= 1 for n in counts.values())  # at least once
+    duplicates = sum(n - 1 for n in counts.values())
     in_flight = len(HELD_GROUPS) * ALERTS_PER_GROUP
     print(f"\nkill -9 during delivery: {total} notifications, {prompt} acknowledged before the kill, "
           f"{in_flight} in flight; after restart {duplicates} duplicate(s), 0 lost; "
           f"all delivered {recovered_s:.1f} s after the kill (lease {LEASE_S} s)")
     held = _held_ids(db_url)
     assert len(held) == in_flight and duplicates <= in_flight  # only what was in flight is sent again
-    assert all(rx.counts[i] == 1 for i in first_ids - held)  # acknowledged before the kill: never resent
+    assert all(counts[i] == 1 for i in first_ids - held)  # acknowledged before the kill: never resent
 
 
 def _held_ids(db_url: str) -> set[str]:
@@ -161,7 +140,7 @@ def _held_ids(db_url: str) -> set[str]:
 def test_kill_9_at_an_arbitrary_moment_loses_nothing_and_resends_only_unrecorded_rows(tmp_path):
     """No held payloads: every answer takes a moment, and the kill falls mid-stream."""
     num_groups = 40
-    rx = Receiver(delay_s=0.3)
+    rx = HoldingReceiver(delay_s=0.3)
     rx.hold.clear()
     db_url = f"sqlite:///{tmp_path / 'control.db'}"
     queue_outbox(db_url, rx.url, num_groups)
@@ -172,14 +151,15 @@ def test_kill_9_at_an_arbitrary_moment_loses_nothing_and_resends_only_unrecorded
         wait_until(lambda: 0 < delivered(db_url) < total, 60, "deliveries under way", server)
         server.kill()
         acked_at_kill = delivered(db_url)
-        received_at_kill = sum(rx.counts.values())
+        received_at_kill = sum(rx.notification_counts().values())
         server.start()
         wait_until(lambda: delivered(db_url) == total, 60, "every row delivered after the restart", server)
     finally:
         server.stop()
         rx.close()
-    duplicates = sum(n - 1 for n in rx.counts.values())
+    counts = rx.notification_counts()
+    duplicates = sum(n - 1 for n in counts.values())
     print(f"\nkill -9 mid-stream: {total} notifications, {acked_at_kill} recorded delivered and "
           f"{received_at_kill} received at the kill; {duplicates} duplicate(s) after restart, 0 lost")
-    assert len(rx.counts) == total and min(rx.counts.values()) >= 1  # at least once, stable ids
+    assert len(counts) == total and min(counts.values()) >= 1  # at least once, stable ids
     assert duplicates <= total - acked_at_kill  # only rows not yet recorded can come again

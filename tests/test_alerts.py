@@ -21,6 +21,8 @@ from fleetscope.server.diagnosis.findings import Finding, FindingKind, Severity
 from fleetscope.server.diagnosis.incidents import sync_incidents
 from sqlalchemy import select
 
+from tests.helpers.webhooks import WebhookReceiver
+
 NOW = 1_764_460_800_000_000_000
 PUBLIC_DNS = WebhookGuard(resolver=lambda host, port: ["93.184.216.34"])
 """recv.test resolves to a public address (the mock transport never connects)."""
@@ -140,25 +142,9 @@ def test_dispatcher_retries_then_delivers(db):
 
 def test_dispatcher_woken_from_a_worker_thread_delivers_at_once(db):
     """The diagnosis pass runs in a worker thread: its wake must not wait for the poll."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    got: list[float] = []
-
-    class H(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            self.rfile.read(int(self.headers["Content-Length"]))
-            got.append(time.monotonic())
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    rx = WebhookReceiver()
     with db() as s:
-        s.add(Webhook(name="a", url=f"http://127.0.0.1:{httpd.server_address[1]}/hook"))
+        s.add(Webhook(name="a", url=rx.url))
         s.commit()
     d = AlertDispatcher(db, poll_s=60.0, guard=WebhookGuard("127.0.0.1"))
 
@@ -173,15 +159,12 @@ def test_dispatcher_woken_from_a_worker_thread_delivers_at_once(db):
         await asyncio.sleep(0.3)  # the first pass found an empty outbox; next poll in 60 s
         t0 = time.monotonic()
         await asyncio.to_thread(queue_and_wake)
-        for _ in range(100):
-            if got:
-                break
-            await asyncio.sleep(0.05)
+        await asyncio.to_thread(rx.wait_for_deliveries, 1, 5.0)
         await d.stop()
         return t0
 
     try:
         t0 = asyncio.run(go())
     finally:
-        httpd.shutdown()
-    assert len(got) == 1 and got[0] - t0 < 3.0
+        rx.close()
+    assert rx.num_posts == 1 and rx.deliveries[0].at_monotonic_s - t0 < 3.0

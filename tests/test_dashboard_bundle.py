@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 
 import pandas as pd
 import pytest
@@ -140,11 +139,12 @@ def test_layout_holds_the_page_the_browser_is_on(mounted):
 
 def test_prefetched_results_are_used_once_and_only_while_fresh():
     calls = []
-    p = Prefetcher(ttl_s=0.5, max_pending=2)
+    now = [1000.0]  # an injected clock: staleness without sleeping
+    p = Prefetcher(ttl_s=10.0, max_pending=2, clock=lambda: now[0])
     assert p.start("a", lambda: calls.append("a") or "A") and not p.start("a", lambda: "again")
     assert p.take("a") == "A" and p.take("a") is None  # single use: the next call goes to the API
     p.start("b", lambda: "B")
-    time.sleep(0.6)
+    now[0] += 10.5
     assert p.take("b") is None  # stale
     for k in "cde":  # bounded: the oldest unclaimed result is dropped
         p.start(k, lambda k=k: k.upper())

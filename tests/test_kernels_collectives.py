@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import pytest
 from fleetscope.kernels.launch import run_local_group
 from fleetscope.kernels.plan import KiB, plan_for
 from fleetscope.kernels.suite import SuiteOptions, run_suite
@@ -20,6 +21,7 @@ TINY = replace(
 )
 
 
+@pytest.mark.integration  # run_suite starts the ranks as processes (kernels.launch)
 def test_allreduce_alltoall_p2p_on_a_two_process_gloo_group():
     lines: list[str] = []
     results = run_suite(plan=TINY, nprocs=2, probes=("allreduce", "alltoall", "p2p"),

@@ -11,11 +11,9 @@ claim statement is also compiled with the postgresql dialect and must lock with
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -29,42 +27,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from tests.helpers.postgres import postgres_server
 from tests.helpers.server import ServerProcess
+from tests.helpers.webhooks import WebhookReceiver
 
 NUM_ROWS = 120
-
-
-class _Server(ThreadingHTTPServer):
-    request_queue_size = 256  # both replicas connect at once
-
-
-class CountingReceiver:
-    """Loopback webhook receiver counting each notification id it is sent."""
-
-    def __init__(self, delay_s: float = 0.005) -> None:
-        self.counts: collections.Counter[str] = collections.Counter()
-        self.lock = threading.Lock()
-        outer = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                time.sleep(delay_s)  # a receiver that takes a moment widens the race window
-                with outer.lock:
-                    for a in body["alerts"]:
-                        outer.counts[a["annotations"]["notification_id"]] += 1
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = _Server(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def fill_outbox(maker, url: str, n: int, first: int = 0) -> None:
@@ -94,7 +59,7 @@ def test_two_dispatchers_racing_on_one_postgresql_outbox_deliver_each_notificati
 
 def race(url: str) -> None:
     first = open_db(url)
-    rx = CountingReceiver()
+    rx = WebhookReceiver(delay_s=0.005)  # a receiver that takes a moment widens the race
     fill_outbox(first, rx.url, NUM_ROWS)
     start = threading.Barrier(2)
     errors: list[BaseException] = []
@@ -132,8 +97,9 @@ def race(url: str) -> None:
         rows = list(s.scalars(select(AlertOutbox)))
         expected = {notification_id(r) for r in rows}
     assert all(r.status == "delivered" and r.claim == "" for r in rows)
-    assert set(rx.counts) == expected  # every notification arrived...
-    twice = {k: v for k, v in rx.counts.items() if v > 1}
+    counts = rx.notification_counts()
+    assert set(counts) == expected  # every notification arrived...
+    twice = {k: v for k, v in counts.items() if v > 1}
     assert not twice, f"{len(twice)} notifications delivered more than once"  # ...exactly once
 
 
@@ -183,7 +149,7 @@ def test_two_server_processes_on_one_postgresql_deliver_each_notification_once(t
     """Two whole replicas (uvicorn subprocesses, own embedded stores, one PostgreSQL DB)."""
     with postgres_server() as url:
         open_db(url).kw["bind"].dispose()  # schema first, so the replicas start side by side
-        rx = CountingReceiver(delay_s=0.3)  # claims stay visible while the posts are in flight
+        rx = WebhookReceiver(delay_s=0.3)  # claims stay visible while the posts are in flight
         servers = [ServerProcess(tmp_path / f"replica-{i}", db_url=url, webhook_allow="127.0.0.1") for i in (1, 2)]
         try:
             for s in servers:
@@ -211,5 +177,6 @@ def test_two_server_processes_on_one_postgresql_deliver_each_notification_once(t
             rx.close()
     assert all(r.status == "delivered" and r.claim == "" for r in rows), [s.log()[-2000:] for s in servers]
     assert len(claimers) == 2, claimers  # both replicas delivered part of the outbox
-    assert set(rx.counts) == {notification_id(r) for r in rows}
-    assert max(rx.counts.values()) == 1, sum(n - 1 for n in rx.counts.values())
+    counts = rx.notification_counts()
+    assert set(counts) == {notification_id(r) for r in rows}
+    assert max(counts.values()) == 1, sum(n - 1 for n in counts.values())

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -15,36 +13,16 @@ from fleetscope.kernels.ship import ShipError, ship_records
 
 from fleetscope.cli import main as cli_main
 from tests.helpers.server import running_server
+from tests.helpers.webhooks import WebhookReceiver
 from tests.selfcheck_fleet import NOISY_MACHINE, measure_fleet
 
 TOKEN = "selfcheck-token-0123456789"
 
 
-class Receiver(ThreadingHTTPServer):
-    """A webhook receiver on loopback that keeps every JSON body it is sent."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                outer.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        super().__init__(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-
 @pytest.fixture(scope="module")
 def receiver():
-    r = Receiver()
-    yield r
-    r.shutdown()
+    with WebhookReceiver(path="/") as r:
+        yield r
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +30,7 @@ def server(tmp_path_factory, receiver):
     with running_server(tmp_path_factory.mktemp("selfcheck-server"), token=TOKEN, webhook_allow="127.0.0.1",
                         selfcheck_tick_s=0.5) as url:
         hook = httpx.post(f"{url.api}/alerts/webhooks", headers=url.auth_headers, timeout=30,
-                          json={"name": "oncall", "url": f"http://127.0.0.1:{receiver.server_port}/"})
+                          json={"name": "oncall", "url": receiver.url})
         assert hook.status_code == 201, hook.text
         yield url
 
@@ -175,14 +153,14 @@ def test_selfcheck_failures_raise_alerts_through_the_existing_rules(server, rece
         page = httpx.get(f"{server.api}/incidents", params={"job": "selfcheck"}, headers=auth,
                          timeout=30).json()
         incidents = [i for i in page["items"] if i["hosts"] == ["pf-host2"]]
-        if incidents and any("pf-host2" in json.dumps(b) for b in receiver.bodies):
+        if incidents and any("pf-host2" in json.dumps(b) for b in receiver.payloads()):
             break
         time.sleep(0.5)
     assert len(incidents) == 1, page
     (inc,) = incidents
     assert inc["kind"] == "hardware_error" and inc["severity"] == "critical"
     assert inc["status"] == "open" and "self-check" in inc["summary"]
-    alerts = [a for b in receiver.bodies for a in b.get("alerts", []) if "pf-host2" in json.dumps(a)]
+    alerts = [a for b in receiver.payloads() for a in b.get("alerts", []) if "pf-host2" in json.dumps(a)]
     outbox = httpx.get(f"{server.api}/alerts/outbox", headers=auth, timeout=30).json()
     assert alerts and alerts[0]["status"] == "firing", outbox
     # the healthy ranks' numerics agreed and nothing failed (their timings, measured on a

@@ -6,50 +6,22 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
 from tests.helpers.server import running_server
+from tests.helpers.webhooks import WebhookReceiver
 
 HTTP = httpx.Client(timeout=60)
 ANSWER = b"receiver internals: token=rx-private-0001"
 
 
-class FailingReceiver:
-    """Answers 500 with a body that must never be shown back."""
-
-    def __init__(self) -> None:
-        self.num_posts = 0
-        outer = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                self.rfile.read(int(self.headers["Content-Length"]))
-                outer.num_posts += 1
-                self.send_response(500)
-                self.send_header("Content-Length", str(len(ANSWER)))
-                self.end_headers()
-                self.wfile.write(ANSWER)
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook/rx-path-token"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture(scope="module")
 def rx():
-    r = FailingReceiver()
+    # answers 500 with a body that must never be shown back
+    r = WebhookReceiver(status=500, answer=ANSWER, path="/hook/rx-path-token")
     yield r
     r.close()
 
@@ -133,10 +105,8 @@ def test_receiver_answers_are_never_echoed_back(server, rx):
             "status, attempts, next_attempt_ns, last_error, created_ns) "
             "VALUES (?, ?, 1, ?, 'g', 'firing', ?, 'pending', 0, 0, '', ?)",
             (hid, iid, f"{hid}:{iid}:1:firing", json.dumps(alert), now))  # fmt: skip
+    rx.wait_for_deliveries(1, timeout_s=60)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and rx.num_posts == 0:
-        time.sleep(0.2)
-    assert rx.num_posts >= 1
     rows = []
     while time.monotonic() < deadline and not rows:
         rows = [o for o in HTTP.get(f"{base.api}/alerts/outbox", params={"webhook_id": hid}).json() if o["attempts"]]

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -27,6 +25,8 @@ from fleetscope.server.db.diagnosis_models import AlertOutbox, Webhook
 from fleetscope.server.settings import Settings
 from pydantic import ValidationError
 from sqlalchemy import select
+
+from tests.helpers.webhooks import WebhookReceiver
 
 KEY = "k" * 40
 
@@ -97,31 +97,6 @@ def test_every_resolved_address_is_checked_and_the_connection_is_pinned_to_it():
     assert e.value.transient
 
 
-class Receiver:
-    def __init__(self, status: int = 200, answer: bytes = b"") -> None:
-        self.got: list[tuple[dict, bytes]] = []
-        outer = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                outer.got.append((dict(self.headers), self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def db(tmp_path):
     return open_db(f"sqlite:///{tmp_path / 'c.db'}")
@@ -159,30 +134,30 @@ def rows_of(db, hook_name: str) -> list[AlertOutbox]:
 
 
 def test_one_invalid_webhook_url_fails_alone_and_is_not_reposted(db):
-    rx = Receiver()
+    rx = WebhookReceiver()
     try:
         queue(db, Webhook(name="broken", url="https://x:abc/"), 2)  # stored before URLs were validated
         queue(db, Webhook(name="good", url=f"http://hooks.test:{rx.port}/hook"), 1)
         d = AlertDispatcher(db, guard=WebhookGuard("127.0.0.1", resolver=lambda h, p: ["127.0.0.1"]))
         assert one_pass(d) == 1
-        assert len(rx.got) == 1 and rx.got[0][0]["Host"] == f"hooks.test:{rx.port}"  # pinned, sent by name
+        assert len(rx.deliveries) == 1 and rx.deliveries[0].headers["Host"] == f"hooks.test:{rx.port}"  # pinned, sent by name
         broken = rows_of(db, "broken")
         assert [r.status for r in broken] == ["failed", "failed"] and "not a valid URL" in broken[0].last_error
         assert [r.status for r in rows_of(db, "good")] == ["delivered"]
-        assert one_pass(d) == 0 and len(rx.got) == 1  # nothing is posted again
+        assert one_pass(d) == 0 and len(rx.deliveries) == 1  # nothing is posted again
     finally:
         rx.close()
 
 
 def test_refused_targets_get_no_request_and_fail_at_once(db, caplog):
-    rx = Receiver()
+    rx = WebhookReceiver()
     try:
         queue(db, Webhook(name="loop", url=f"http://127.0.0.1:{rx.port}/hook", max_attempts=12))
         queue(db, Webhook(name="rebind", url=f"http://evil.test:{rx.port}/services/T0/B0/SECRETTOKEN"))
         d = AlertDispatcher(db, guard=WebhookGuard(resolver=lambda h, p: ["127.0.0.1"]))
         with caplog.at_level(logging.WARNING):
             assert one_pass(d) == 0
-        assert rx.got == []
+        assert rx.deliveries == []
         for name in ("loop", "rebind"):
             (row,) = rows_of(db, name)
             assert row.status == "failed" and row.attempts == 1 and "loopback" in row.last_error
@@ -192,7 +167,7 @@ def test_refused_targets_get_no_request_and_fail_at_once(db, caplog):
 
 
 def test_answers_are_recorded_by_status_only(db):
-    rx = Receiver(status=500, answer=b"internal receiver detail: db password is hunter2")
+    rx = WebhookReceiver(status=500, answer=b"internal receiver detail: db password is hunter2")
     try:
         queue(db, Webhook(name="r", url=f"http://127.0.0.1:{rx.port}/hook"))
         assert one_pass(AlertDispatcher(db, guard=WebhookGuard("127.0.0.1"))) == 0
@@ -203,17 +178,17 @@ def test_answers_are_recorded_by_status_only(db):
 
 
 def test_payload_alerts_carry_a_stable_notification_id(db):
-    rx = Receiver(status=503)
+    rx = WebhookReceiver(status=503)
     try:
         queue(db, Webhook(name="r", url=f"http://127.0.0.1:{rx.port}/hook"), 3)
         d = AlertDispatcher(db, guard=WebhookGuard("127.0.0.1"), retry_base_s=0.001, retry_max_s=0.001)
         one_pass(d)
         time.sleep(0.01)
         one_pass(d)  # a retry: same ids, same delivery header
-        assert len(rx.got) == 2
-        ids = [[a["annotations"]["notification_id"] for a in json.loads(b)["alerts"]] for _, b in rx.got]
+        assert len(rx.deliveries) == 2
+        ids = [[a["annotations"]["notification_id"] for a in d.json()["alerts"]] for d in rx.deliveries]
         assert ids[0] == ids[1] and len(set(ids[0])) == 3
-        assert rx.got[0][0]["X-Fleetscope-Delivery"] == rx.got[1][0]["X-Fleetscope-Delivery"]
+        assert rx.deliveries[0].headers["X-Fleetscope-Delivery"] == rx.deliveries[1].headers["X-Fleetscope-Delivery"]
     finally:
         rx.close()
 
@@ -252,7 +227,7 @@ def test_redacted_urls_show_no_path_query_or_credentials():
 
 
 def test_send_now_applies_the_guard_and_opens_the_sealed_secret(db):
-    rx = Receiver()
+    rx = WebhookReceiver()
     box = SecretBox(KEY)
     try:
         ok_hook = Webhook(name="ok", url=f"http://127.0.0.1:{rx.port}/hook", secret=box.seal("s" * 20))
@@ -264,8 +239,8 @@ def test_send_now_applies_the_guard_and_opens_the_sealed_secret(db):
                 return await d.send_now(client, ok_hook, b"{}"), await d.send_now(client, refused, b"{}")
 
         ok, no = asyncio.run(go())
-        assert ok.ok and verify("s" * 20, rx.got[0][0], rx.got[0][1])  # signed with the opened secret
-        assert not no.ok and no.permanent and "link-local" in no.error and len(rx.got) == 1
+        assert ok.ok and verify("s" * 20, rx.deliveries[0].headers, rx.deliveries[0].body)  # signed with the opened secret
+        assert not no.ok and no.permanent and "link-local" in no.error and len(rx.deliveries) == 1
     finally:
         rx.close()
 

@@ -100,7 +100,7 @@ def hang_panel(hang: dict[str, Any] | None, grid: dict[str, Any] | None) -> html
     )
 
 
-def _chain(hang: dict[str, Any], topo: Topology | None, culprits: list[int]) -> html.Div:
+def _chain(hang: dict[str, Any], topo: Topology | None, culprits: list[int]) -> html.Div | html.Ul:
     edges = hang.get("chain") or (hang.get("evidence") or {}).get("chain") or []
     if not edges:
         return message("the server gave no dependency chain for this hang", "empty")
@@ -110,6 +110,8 @@ def _chain(hang: dict[str, Any], topo: Topology | None, culprits: list[int]) -> 
             waiter, waited, reason = e.get("waiter"), e.get("waited_for", e.get("waits_on")), e.get("reason", "")
         else:
             waiter, waited, reason = (list(e) + ["", "", ""])[:3]
+        if waiter is None or waited is None:
+            continue  # an edge without both ends: nothing to draw
         cls = "fs-culprit" if waited in culprits else ""
         items.append(
             html.Li(

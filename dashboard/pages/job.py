@@ -38,7 +38,7 @@ def _int(query: dict[str, str], key: str) -> int | None:
 def _graph(id_: str, text: str, height: int) -> dcc.Graph:
     # The explicit loading state is the placeholder figure; live refreshes then replace
     # the figure in place, without a spinner flashing over a readable chart.
-    return dcc.Graph(id=id_, figure=message_dict(text, "loading", height=height), config=GRAPH_CONFIG)
+    return dcc.Graph(id=id_, figure=message_dict(text, "loading", height=height), config=GRAPH_CONFIG)  # type: ignore[arg-type]  # dash stubs: Config TypedDict
 
 
 def initial_view(query: dict[str, str]) -> dict[str, Any]:

@@ -6,7 +6,6 @@ by a loopback receiver; at 1440 px the tables fit and the "live" label is beside
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
@@ -15,23 +14,15 @@ from test_diagnosis_api import Receiver
 
 from tests.browser.conftest import WINDOW, full_page_screenshot, screenshot
 from tests.helpers.server import running_server
+from tests.helpers.waiting import wait_for as _wait_for
 
 pytestmark = pytest.mark.browser
 SECRET = "form-signing-secret-0123"
 
 
 def wait_for(fn, timeout_s: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except Exception as e:  # the page may be mid-render
-            last = e
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+    """The suite's :func:`tests.helpers.waiting.wait_for`, a page mid-render counting as not yet."""
+    return _wait_for(fn, timeout_s, what, interval_s=0.25, ignore=(Exception,))
 
 
 def fill(browser, element_id: str, text: str) -> None:

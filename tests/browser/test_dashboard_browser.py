@@ -3,7 +3,6 @@ with an injected straggler and hang (see ``reference_job.py``)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -12,6 +11,7 @@ import pytest
 from tests.browser import reference_job
 from tests.browser.conftest import full_page_screenshot, screenshot
 from tests.helpers.server import running_server
+from tests.helpers.waiting import wait_for as _wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -54,17 +54,8 @@ def click_at(driver, x: float, y: float) -> None:
 
 
 def wait_for(driver, fn, timeout_s: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except Exception as e:  # the page may be mid-render
-            last = e
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+    """The suite's :func:`tests.helpers.waiting.wait_for`, a page mid-render counting as not yet."""
+    return _wait_for(fn, timeout_s, what, interval_s=0.25, ignore=(Exception,))
 
 
 def traces(driver, graph_id: str):

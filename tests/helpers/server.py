@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,13 +30,11 @@ from typing import Any
 
 import httpx
 
+from tests.helpers.net import free_port
+
+__all__ = ["ServerProcess", "RunningServer", "free_port", "running_server"]
+
 READY_TIMEOUT_S = 90.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:

@@ -82,8 +82,8 @@ class WebhookFields(BaseModel):
     filter_jobs: list[str] = Field(default_factory=list, description="job ids; empty = all")
     filter_kinds: list[str] = Field(default_factory=list, description="rule kinds; empty = all")
     min_severity: str = "info"
-    timeout_s: float = Field(5.0, gt=0, le=120, description="per-request timeout")
-    max_attempts: int = Field(12, ge=1, le=100, description="delivery attempts before giving up")
+    timeout_s: float = Field(default=5.0, gt=0, le=120, description="per-request timeout")
+    max_attempts: int = Field(default=12, ge=1, le=100, description="delivery attempts before giving up")
 
     @field_validator("min_severity")
     @classmethod

@@ -76,7 +76,6 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(workdir, exist_ok=True)
 
     import uvicorn
-
     from fleetscope.server.app import create_app
     from fleetscope.server.settings import Settings
 
@@ -144,9 +143,9 @@ def _print_urls(base: str, job: str, server: Any) -> None:
 # ---------------------------------------------------------------------------------------
 def _synthetic(base: str, server: Any, args: argparse.Namespace, steps: int, workdir: str) -> None:
     import httpx
+    from fleetscope.server.demo_synthetic import synthetic_job
 
     from fleetscope import codec
-    from fleetscope.demo_synthetic import synthetic_job
 
     job = time.strftime("demo-%Y%m%d-%H%M%S")
     rows = synthetic_job(job, steps, time.time_ns() - steps * 400_000_000)
