@@ -10,11 +10,11 @@ import json
 import httpx
 import pytest
 from fleetscope.server.alerts.signing import verify
-from test_diagnosis_api import Receiver
 
 from tests.browser.conftest import WINDOW, full_page_screenshot, screenshot
 from tests.helpers.server import running_server
 from tests.helpers.waiting import wait_for as _wait_for
+from tests.helpers.webhooks import WebhookReceiver
 
 pytestmark = pytest.mark.browser
 SECRET = "form-signing-secret-0123"
@@ -40,7 +40,7 @@ def text_of(browser, element_id: str) -> str:
 
 
 def test_rule_and_webhook_forms_and_test_notification(browser, tmp_path):
-    rx = Receiver()
+    rx = WebhookReceiver()
     try:
         with running_server(tmp_path, ui=True, ui_refresh_s=2, webhook_allow="127.0.0.1") as url:
             api = url.api
@@ -89,7 +89,8 @@ def test_rule_and_webhook_forms_and_test_notification(browser, tmp_path):
             button.click()
             ok = wait_for(lambda: text_of(browser, "webhook-test-ok"), 30, "test notification delivered")
             assert f"webhook {hook['id']}" in ok
-            headers, body, _ = wait_for(lambda: rx.got, 10, "the receiver got it")[0]
+            first = rx.wait_for_deliveries(1, timeout_s=10)[0]
+            headers, body = first.headers, first.body
             payload = json.loads(body)
             assert payload["version"] == "4" and payload["receiver"] == "loopback pager"
             assert payload["alerts"][0]["labels"]["alertname"] == "FleetscopeTestNotification"
