@@ -168,9 +168,7 @@ def _check_value(rt: RecordType, i: int, name: str, t: ColType, v: Any, limits: 
             f = float(v)
         except OverflowError:
             raise BatchError(f"{where}: number {_show(v)} out of range for float64") from None
-        if math.isinf(f):
-            raise BatchError(f"{where}: infinite values are not accepted")
-        return f
+        return math.nan if math.isinf(f) else f  # see _finite_or_nan
     raise AssertionError(t)  # pragma: no cover
 
 
@@ -181,7 +179,7 @@ def conform(
 
     Missing columns with defaults are filled; missing required columns, unknown or
     duplicate columns, nulls, uncastable types, invalid UTF-8, values longer than
-    ``limits`` and non-finite numbers raise :class:`BatchError` (:class:`LimitError`
+    ``limits`` raise (±inf floats are stored as NaN) :class:`BatchError` (:class:`LimitError`
     when a dictionary column would expand past the decoded-bytes budget).
     """
     lim = limits or DEFAULT_LIMITS
@@ -221,7 +219,7 @@ def conform(
         if c.type in (ColType.STRING, ColType.SYMBOL):
             _check_strings(rt, c, col, lim)
         elif c.type == ColType.FLOAT64 and n:
-            _check_floats(rt, c.name, col)
+            col = _finite_or_nan(col)
         arrays.append(col)
     return pa.Table.from_arrays(arrays, schema=rt.arrow_schema())
 
@@ -258,11 +256,15 @@ def _check_strings(rt: RecordType, c: Any, col: pa.ChunkedArray, lim: Limits) ->
         raise BatchError(f"{rt.name}[{i}].{c.name}: {longest} bytes, more than {what}={cap}")
 
 
-def _check_floats(rt: RecordType, name: str, col: pa.ChunkedArray) -> None:
+def _finite_or_nan(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """±inf is stored as NaN ("no finite value"), never rejected: a diverged run's inf loss
+    is exactly the telemetry an operator needs, and rejecting it would drop the batch's
+    other rows with it. NaN is what every view already treats as missing, and JSON
+    answers (which cannot carry inf) stay valid."""
     bad = pc.is_inf(col)
-    if pc.any(bad).as_py():
-        i = int(pc.index(bad, True).as_py())
-        raise BatchError(f"{rt.name}[{i}].{name}: infinite values are not accepted")
+    if not pc.any(bad).as_py():
+        return col
+    return pc.if_else(bad, pa.scalar(math.nan, pa.float64()), col)
 
 
 def _castable(src: pa.DataType, t: ColType) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import math
 import socket
 import struct
 import time
@@ -200,13 +201,23 @@ def _metric_json(value_literal: str) -> bytes:
     ("deep JSON", b'{"records": {"metrics": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}}", 400, ["nested too deeply"]),
     ("deep value", b'{"records": {"metrics": [{"job": ' + b"[" * 900 + b"]" * 900 + b"}]}}", 422, ["metrics[0]"]),
     ("huge int for a float", _metric_json("1" + "0" * 400), 422, ["out of range for float64"]),
-    ("float overflow to inf", _metric_json("1e999"), 422, ["infinite"]),
     ("integer past 4300 digits", _metric_json("9" * 5000), 400, ["invalid JSON"]),
     ("lone surrogate", json.dumps({"records": {"log_events": sample_rows("log_events", 1, message="\ud800")}}).encode(), 422, ["UTF-8"]),
     ("non-UTF-8 body", b'{"records": {"metrics": []}, "x": "\xff"}', 400, ["invalid JSON"]),
 ])  # fmt: skip
 def test_json_decode_errors_are_4xx(client, name, body, status, words):
     assert_4xx(post(client, body, JSON), status, *words)
+
+
+def test_infinite_floats_are_stored_as_nan_not_rejected():
+    """A diverged loss (inf) must not cost the batch: the value is kept as NaN."""
+    rows = sample_rows("steps", 2)
+    rows[0]["loss"] = float("inf")
+    rows[1]["loss"] = float("-inf")
+    got = codec.decode_batch(codec.encode_batch({"steps": rows}))["steps"]["loss"].to_pylist()
+    assert all(math.isnan(v) for v in got)
+    table = codec.decode_json(_metric_json("1e999"))["metrics"]
+    assert math.isnan(table["value"][0].as_py())
 
 
 # ---- item 2: topology bounded ------------------------------------------------------------
