@@ -64,14 +64,20 @@ def test_rule_and_webhook_forms_and_test_notification(browser, tmp_path):
             assert (rule["kind"], rule["min_slowdown"], rule["min_steps"], rule["severity"]) == ("straggler", 0.1, 20, "warning")
             wait_for(lambda: "slow ranks 10%" in text_of(browser, "rules-list"), 30, "the new rule in the table")
 
-            # a webhook: two server errors at once, each under its own field
+            # a webhook: each server error under its own field. The body's fields are checked
+            # first (max_attempts), the URL after (the SSRF guard, which shows only the URL's
+            # scheme, host and port), so the two errors come one submit after the other.
             fill(browser, "webhook-f-name", "loopback pager")
             fill(browser, "webhook-f-url", "ftp://nope.example")
             fill(browser, "webhook-f-max_attempts", "500")
             browser.find_element("id", "webhook-create").click()
+            err = wait_for(lambda: text_of(browser, "webhook-e-max_attempts"), 30, "max_attempts error")
+            assert "100" in err, err
+            fill(browser, "webhook-f-max_attempts", "3")
+            browser.find_element("id", "webhook-create").click()
             err = wait_for(lambda: text_of(browser, "webhook-e-url"), 30, "url error from the server")
-            assert "ftp://nope.example" in err and "http(s)" in err, err
-            assert "100" in text_of(browser, "webhook-e-max_attempts")
+            assert "expected http or https" in err, err
+            assert text_of(browser, "webhook-e-max_attempts") == ""
             browser.execute_script("document.getElementById('webhook-form').scrollIntoView()")
             screenshot(browser, "incidents-webhook-form-errors")
             fill(browser, "webhook-f-url", rx.url)
@@ -81,7 +87,8 @@ def test_rule_and_webhook_forms_and_test_notification(browser, tmp_path):
             wait_for(lambda: browser.find_elements("id", "webhook-created"), 30, "webhook created")
             assert text_of(browser, "webhook-e-url") == "" and text_of(browser, "webhook-e-max_attempts") == ""
             hook = next(h for h in httpx.get(f"{api}/alerts/webhooks", timeout=10).json() if h["name"] == "loopback pager")
-            assert hook["url"] == rx.url and hook["has_secret"] and hook["max_attempts"] == 3
+            # the API shows URLs as scheme://host:port/… (paths often hold tokens)
+            assert rx.url.startswith(hook["url"].rstrip("…")) and hook["has_secret"] and hook["max_attempts"] == 3
 
             # the test notification button of that webhook's row
             button = wait_for(lambda: browser.find_element(
