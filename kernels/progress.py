@@ -44,8 +44,8 @@ class BarProgress:
 
     def __init__(self, console: Any = None) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress
-        from rich.progress import TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichProgress
 
         self.console = console or Console(file=sys.stderr)
         self._bar = RichProgress(
