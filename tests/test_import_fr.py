@@ -227,3 +227,16 @@ def test_cli_maps_groups_by_flags_and_by_the_servers_job_row(tp_dumps, tmp_path)
         ("dp.pp0.tp0", "dp"), ("dp.pp0.tp1", "dp"), ("tp.pp0.dp0", "tp"), ("tp.pp0.dp1", "tp"), ("world", "world")]
     assert [(r["rank"], r["group_id"], r["seq"]) for r in inflight] == [
         (0, "dp.pp0.tp0", 2), (1, "dp.pp0.tp1", 2), (2, "tp.pp0.dp1", 3)]
+
+    # --store: the job's row in the store gives the topology
+    from fleetscope.schema import record_type
+
+    store = f"chdb://{tmp_path / 'store2'}"
+    st = Store.open(store)
+    try:
+        st.insert_arrow("jobs", codec.rows_to_table(record_type("jobs"), [job]))
+    finally:
+        st.close()
+    proc = _cli(str(tp_dumps), "--job", "live", "--store", store)
+    assert proc.returncode == 0, proc.stderr
+    assert "tp.pp0.dp1#3" in proc.stdout and "(the job's row)" in proc.stderr

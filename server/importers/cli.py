@@ -39,15 +39,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fr = sub.add_parser("fr", help="Flight Recorder dumps -> collectives + hang analysis",
                         description=FR_DESCRIPTION,
                         formatter_class=argparse.RawDescriptionHelpFormatter,
-                        epilog="example:\n  fleetscope import fr /tmp/fr-dumps --job llama-7b "
-                               "--world-size 64 --server http://ctl:8000")
+                        epilog="examples:\n  fleetscope import fr /tmp/fr-dumps --job llama-7b "
+                               "--world-size 64 --server http://ctl:8000\n"
+                               "  fleetscope import fr /tmp/fr-dumps --job llama-7b --dp 4 --tp 8 --pp 2 --json")
     fr.add_argument("dir", metavar="DIR", type=Path, help="directory with one dump per rank")
     fr.add_argument("--world-size", type=int, metavar="N",
                     help="ranks in the job (default: from the dumps; needed to name missing ranks on gloo)")
-    for axis, what in (("dp", "data"), ("tp", "tensor"), ("pp", "pipeline")):
-        fr.add_argument(f"--{axis}", type=int, metavar="N",
-                        help=f"{what}-parallel size of the job (give the sizes to map FR's process "
-                             "groups to the hooks' group names; default: the job's row on --server/--store)")
+    fr.add_argument("--dp", type=int, metavar="N",
+                    help="data-parallel size of the job: with --tp/--pp, FR's process groups get the "
+                         "hooks' group names (default: the job's row on --server/--store, if any)")
+    fr.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size of the job (see --dp)")
+    fr.add_argument("--pp", type=int, metavar="N", help="pipeline-parallel size of the job (see --dp)")
     fr.add_argument("--order", default=None, metavar="ORDER",
                     help="rank order of the axes, fastest first (default tp-dp-pp, as the hooks)")
     fr.add_argument("--json", action="store_true", help="print the analysis as JSON")
@@ -118,6 +120,9 @@ def _known_topology(args: argparse.Namespace):
             return None
         if r.status_code == 200:
             doc = (r.json() or {}).get("topology")
+        else:
+            print(f"topology of job {args.job!r} unknown (GET /jobs/{{job}} answered {r.status_code}): "
+                  "FR's group names are kept; pass --dp/--tp/--pp to map them", file=sys.stderr)
     elif args.store:
         from fleetscope.server.store import Store
 
@@ -158,8 +163,9 @@ def run_fr(args: argparse.Namespace) -> int:
     except DumpError as e:
         raise CliError(str(e)) from None
     if topology is not None:
+        source = "the job's row" if job_known else "flags"
         print(f"topology dp={topology.dp} tp={topology.tp} pp={topology.pp} "
-              f"({'the job on the server' if job_known else 'flags'}): groups " + ", ".join(
+              f"({source}): groups " + ", ".join(
                   sorted({r["group_id"] for r in rows})), file=sys.stderr)
     if args.json:
         print(json.dumps(analysis.as_dict(), indent=2))
