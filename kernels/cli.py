@@ -6,6 +6,7 @@ Imports nothing heavy at module level (torch loads only when the command runs).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -23,6 +24,9 @@ local GPUs, gloo on CPU) and p2p bandwidth between every pair of local devices.
 With --server the results are stored as `probes` records; the server scores each
 host against the fleet's hosts with the same device model and against its own
 history (GET /api/v1/selfcheck/hosts, GET /api/v1/hosts/HOST/selfcheck).
+
+Progress: a progress bar on stderr when stderr is a terminal (and rich, from the `rca`
+extra, is installed); otherwise one plain `[selfcheck] ...` line per probe step.
 """
 
 EPILOG = """\
@@ -86,7 +90,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the suite as asked by the parsed arguments; returns the exit status."""
     from fleetscope.kernels.numerics import BitFlip
-    from fleetscope.kernels.result import PROBES, format_table
+    from fleetscope.kernels.progress import terminal_progress
+    from fleetscope.kernels.result import PROBES, format_table, stderr_progress
     from fleetscope.kernels.ship import ShipError, ingest_url, ship_records
     from fleetscope.kernels.suite import run_suite
     from fleetscope.kernels.timing import check_slowdown
@@ -113,9 +118,12 @@ def run(args: argparse.Namespace) -> int:
     if not host.strip():
         raise CliError(f"--host {args.host!r} must not be empty")
 
+    bar = terminal_progress()  # a progress bar only when stderr is a terminal
     try:
-        results = run_suite(mode=args.mode, device=args.device, nprocs=args.nprocs,
-                            probes=probes, slowdown=slowdown, flip=flip)
+        with bar if bar is not None else contextlib.nullcontext():
+            results = run_suite(mode=args.mode, device=args.device, nprocs=args.nprocs,
+                                probes=probes, slowdown=slowdown, flip=flip,
+                                progress=bar if bar is not None else stderr_progress)
     except ValueError as e:
         raise CliError(str(e)) from None
     records = [r.to_record(host=host, job=args.job) for r in results]

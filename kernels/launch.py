@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from fleetscope.kernels.progress import captures_children
 from fleetscope.kernels.result import COLLECTIVE_PROBES, ProbeResult, Progress, failed_result
 
 
@@ -138,17 +139,39 @@ def run_local_group(
         with open(os.path.join(workdir, "options.json"), "w") as f:
             json.dump({"options": _options_to_json(opts), "devices": list(devices),
                        "labels": labels, "with_device_probes": with_device_probes}, f)
+        # behind a progress bar the ranks' lines go to files, forwarded through the sink
+        capture = captures_children(progress)
+        logs = [open(os.path.join(workdir, f"rank-{r}.log"), "wb") if capture else None
+                for r in range(nprocs)]
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "fleetscope.kernels.launch", str(r), str(nprocs), workdir],
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL, stderr=logs[r],
             )
             for r in range(nprocs)
         ]
+        for f in logs:
+            if f is not None:
+                f.close()
+        offsets = [0] * nprocs
+
+        def forward() -> None:
+            for r in range(nprocs) if capture else ():
+                with open(os.path.join(workdir, f"rank-{r}.log"), "rb") as f:
+                    f.seek(offsets[r])
+                    chunk = f.read()
+                done = chunk.rfind(b"\n") + 1
+                offsets[r] += done
+                for line in chunk[:done].decode(errors="replace").splitlines():
+                    if line.strip():
+                        progress(line.removeprefix("[selfcheck] "))
+
         deadline = time.monotonic() + opts.plan.group_timeout_s + 60
         try:
             while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
                 time.sleep(0.1)
+                forward()
+            forward()
         finally:
             for p in procs:  # only our own children, by handle
                 if p.poll() is None:

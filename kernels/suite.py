@@ -20,6 +20,7 @@ from typing import Any
 from fleetscope.kernels.devices import DeviceInfo, local_devices
 from fleetscope.kernels.numerics import BitFlip, mark_minority, numerics_probe
 from fleetscope.kernels.plan import Plan, plan_for
+from fleetscope.kernels.progress import begin, stage_done
 from fleetscope.kernels.result import (
     COLLECTIVE_PROBES,
     PROBES,
@@ -131,6 +132,15 @@ def _guard(fn: Any, probe: str, dev: DeviceInfo, variant: str, unit: str,
     except Exception as e:  # the suite reports a failing probe instead of dying with it
         progress(f"{probe} {dev.device}: FAIL {type(e).__name__}: {e}")
         return failed_result(probe, dev.device, dev.model, variant, unit, e)
+    finally:
+        stage_done(progress)
+
+
+def device_stages(opts: SuiteOptions) -> int:
+    """Stages :func:`device_probes` runs on one device (one per probe variant)."""
+    p = opts.plan
+    return (len(p.matmul_dtypes) * ("matmul" in opts.probes)
+            + len(p.membw_kernels) * ("membw" in opts.probes) + ("numerics" in opts.probes))
 
 
 def run_suite(
@@ -180,18 +190,22 @@ def run_suite(
 
     from fleetscope.kernels.launch import run_local_group
 
+    here = devs[nprocs:] if cuda and wants_group else devs  # devices probed in this process
+    begin(progress, device_stages(opts) * len(here) + wants_group)
     if cuda and wants_group:  # one process per GPU runs everything, in parallel
         results = run_local_group(nprocs, opts, [d.device for d in devs[:nprocs]],
                                   with_device_probes=True, progress=progress)
-        for d in devs[nprocs:]:
+        stage_done(progress)
+        for d in here:
             results += device_probes(d, opts, progress)
     else:
         results = []
-        for d in devs:
+        for d in here:
             results += device_probes(d, opts, progress)
         if wants_group:
             results += run_local_group(nprocs, opts, ["cpu"] * nprocs,
                                        with_device_probes=False, progress=progress)
+            stage_done(progress)
         elif any(p in COLLECTIVE_PROBES for p in probes):
             progress(f"collectives skipped: a group needs 2 or more ranks (nprocs={nprocs})")
     return mark_minority(results)

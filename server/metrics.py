@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetscope.server.db.diagnosis_models import AlertOutbox, Incident
+from fleetscope.server.db.instrumentation_models import Instrumentation
 from fleetscope.server.db.models import Job
 from fleetscope.server.diagnosis.findings import STRAGGLER_KINDS
 from fleetscope.server.store import metrics_queries as mq
@@ -57,6 +58,7 @@ from prometheus_client.core import (
 from sqlalchemy import func, or_, select
 
 from fleetscope import __version__
+from fleetscope.control import LEVELS
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +181,10 @@ class FleetMetrics:
                      "world_size": j.world_size, "device_name": j.device_name,
                      "model_flops_per_step": j.model_flops_per_step or 0.0,
                      "device_peak_flops": j.device_peak_flops or 0.0} for j in s.scalars(q)]
+            levels = {r.job: (r.level, r.ranks) for r in s.scalars(
+                select(Instrumentation).where(Instrumentation.job.in_([j["id"] for j in jobs])))} if jobs else {}
+            for j in jobs:
+                j["instrumentation"] = levels.get(j["id"], ("full", "{}"))
             rows = s.execute(select(Incident.job, Incident.kind, Incident.severity, Incident.status,
                                     Incident.ranks, Incident.score, Incident.est_slowdown)
                              .where(Incident.status.in_(ACTIVE))).all()
@@ -220,6 +226,12 @@ class FleetMetrics:
         suspects = GaugeMetricFamily("fleetscope_job_straggler_suspects",
                                      "Active straggler incidents of the job (all of them, not only the top k).",
                                      labels=labels)
+        level = GaugeMetricFamily("fleetscope_job_instrumentation_level",
+                                  "1 for the job-wide instrumentation level its hooks run at (runtime control: "
+                                  "off, steps, sections, full), 0 for the others.", labels=["job_id", "level"])
+        level_ranks = GaugeMetricFamily("fleetscope_job_instrumentation_ranks",
+                                        "Ranks of the job running at each instrumentation level (the job-wide "
+                                        "level with the per-rank overrides applied).", labels=["job_id", "level"])
         pos = ["job_id", "position"]
         s_rank = GaugeMetricFamily("fleetscope_straggler_rank",
                                    "Culprit rank of the job's k-th straggler suspect (by est. slowdown).",
@@ -240,6 +252,7 @@ class FleetMetrics:
             for st in sorted({*JOB_STATUSES, j["status"]}):
                 status.add_metric([jid, st], 1.0 if st == j["status"] else 0.0)
             world.add_metric([jid], j["world_size"])
+            self._add_levels(level, level_ranks, jid, j)
             mine = by_job.get(jid, [])
             hangs = [i for i in mine if i["kind"] == "hang"]
             hung.add_metric([jid], 1.0 if hangs else 0.0)
@@ -276,8 +289,29 @@ class FleetMetrics:
                 since.add_metric([jid], max(0.0, (now_ns - st.last_end_ns) / 1e9))
         for gone in set(self._jobs) - seen:  # jobs past the window: forget their state
             del self._jobs[gone]
-        return [job_info, status, world, hist, rate, tokens, mfu, last, since, ranks, hung, culprit, suspects,
+        return [job_info, status, world, level, level_ranks, hist, rate, tokens, mfu, last, since, ranks, hung, culprit, suspects,
                 s_rank, s_score, s_slow]
+
+    @staticmethod
+    def _add_levels(level: GaugeMetricFamily, level_ranks: GaugeMetricFamily, jid: str, j: dict) -> None:
+        """One series per level (4 per job), whatever the ranks set: cardinality stays fixed."""
+        current, overrides = j.get("instrumentation", ("full", "{}"))
+        try:
+            per_rank = {int(k): v for k, v in json.loads(overrides or "{}").items()}
+        except (ValueError, AttributeError):
+            per_rank = {}
+        world = int(j["world_size"] or 0)
+        counts = dict.fromkeys(LEVELS, 0)
+        overridden = 0
+        for r, lv in per_rank.items():
+            if 0 <= r < world and lv in counts:
+                counts[lv] += 1
+                overridden += 1
+        if current in counts:
+            counts[current] += world - overridden
+        for lv in LEVELS:
+            level.add_metric([jid, lv], 1.0 if lv == current else 0.0)
+            level_ranks.add_metric([jid, lv], counts[lv])
 
     def _advance(self, store: Any, j: dict) -> JobSteps:
         """Count the job's steps completed since the previous refresh."""

@@ -41,7 +41,8 @@ def bearer(token: str) -> dict[str, str]:
 
 
 def ingest_body() -> bytes:
-    return codec.encode_batch({"steps": sample_rows("steps", 3, job="authjob")})
+    # host "": filled from X-Fleetscope-Host (a host-limited token may not write rows for other hosts)
+    return codec.encode_batch({"steps": sample_rows("steps", 3, job="authjob", host="")})
 
 
 def ingest(url, token: str, key: str, host: str = "node-1") -> httpx.Response:

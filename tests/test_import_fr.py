@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from fleetscope.server.importers.flight_recorder import DumpError, import_dir
 
 from tests.helpers.ranks import run_ranks
+from tests.helpers.server import running_server
 
 FR_ENV = {"TORCH_FR_BUFFER_SIZE": "1000"}
 
@@ -113,3 +117,126 @@ def test_size_and_dtype_mismatches_in_a_real_dump_are_named(stuck, tmp_path):
     (m,) = [m for m in a.mismatches if m["seq"] == 3]
     assert m["group_id"] == "world" and m["calls"]["1"] == "all_reduce/128/float64"
     assert a.culprits == [1] and a.kind == "never_arrived"  # the hang itself is unchanged
+
+
+# ---- FR groups -> the hooks' topology group names --------------------------------------
+def tp_stuck(rank: int, world: int, workdir: Path) -> dict:
+    """dp=2 x tp=2 (rank = tp + 2 dp): the tp groups are FR's pg1 {0,1}, pg2 {2,3}, the dp
+    groups pg3 {0,2}, pg4 {1,3}. Rank 3 never reaches the 3rd all-reduce of its tp group;
+    rank 2 waits in it; ranks 0 and 1 finish theirs and wait in their dp groups."""
+    import torch
+    import torch.distributed as dist
+
+    from tests.helpers.fr_scenarios import HANG_S, _dump_then_exit
+
+    tp = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+    dp = [dist.new_group([0, 2]), dist.new_group([1, 3])][rank % 2]
+    x = torch.ones(8)
+    for _ in range(2):
+        dist.all_reduce(x, group=tp)
+    dist.all_reduce(x, group=dp)
+    dist.all_reduce(x)
+    _dump_then_exit(workdir / "fr" / f"rank{rank}.pkl", False, HANG_S)
+    if rank == 3:
+        time.sleep(60)  # stuck before the tp collective
+    if rank in (0, 1):
+        time.sleep(0.5)  # rank 2 is in its tp all-reduce first
+    dist.all_reduce(x, group=tp)
+    dist.all_reduce(x, group=dp)
+    time.sleep(60)
+    return {}
+
+
+@pytest.fixture(scope="module")
+def tp_dumps(tmp_path_factory):
+    work = tmp_path_factory.mktemp("tp-stuck")
+    run_ranks("tests.test_import_fr:tp_stuck", 4, work, timeout_s=120, env=FR_ENV)
+    return work / "fr"
+
+
+def test_fr_groups_take_the_hooks_topology_names(tp_dumps, tmp_path):
+    from fleetscope.topology import Topology
+
+    topo = Topology(dp=2, tp=2)
+    raw, _ = import_dir(tp_dumps, "j")
+    assert {r["group_id"] for r in raw} == {"world", "pg1", "pg2", "pg3", "pg4"}  # FR's own names
+    rows, a = import_dir(tp_dumps, "j", topology=topo)
+    assert {r["group_id"] for r in rows} == {"world", "tp.pp0.dp0", "tp.pp0.dp1", "dp.pp0.tp0", "dp.pp0.tp1"}
+    for r in rows:  # exactly the hooks' names, axes and group ranks for each rank
+        if r["group_id"] != "world":
+            axis = r["group_id"].split(".")[0]
+            assert r["group_id"] == topo.group_id(axis, r["rank"]) and r["axis"] == axis
+            assert r["group_rank"] == topo.group_ranks(axis, r["rank"]).index(r["rank"]) and r["group_size"] == 2
+    assert a.kind == "never_arrived" and a.culprits == [3]
+    top = a.stops[0]
+    assert (top.group_id, top.seq, top.op, top.waiting) == ("tp.pp0.dp1", 3, "all_reduce", [2])
+    assert {s.group_id for s in a.stops} >= {"tp.pp0.dp1", "dp.pp0.tp0", "dp.pp0.tp1"}
+
+    # rank 3 left no dump: its groups are seen only through ranks 1 and 2, still matched
+    # (the other candidates are taken), and rank 3 is named missing in its tp group
+    part = tmp_path / "three"
+    part.mkdir()
+    for r in (0, 1, 2):
+        shutil.copy(tp_dumps / f"rank{r}.pkl", part)
+    rows, a = import_dir(part, "j", topology=topo)
+    assert {r["group_id"] for r in rows} == {"world", "tp.pp0.dp0", "tp.pp0.dp1", "dp.pp0.tp0", "dp.pp0.tp1"}
+    top = a.stops[0]
+    assert (top.group_id, top.waiting, top.missing) == ("tp.pp0.dp1", [2], [3])
+    assert a.kind == "missing_only" and a.culprits == [3] and a.missing == [3]
+    _, plain = import_dir(part, "j", world_size=4)  # without the topology FR's pg2 looks like {2} alone
+    assert plain.stops[0].group_id == "pg2" and plain.stops[0].missing == []
+
+    with pytest.raises(DumpError, match="topology"):
+        import_dir(tp_dumps, "j", world_size=8, topology=topo)
+
+
+def test_cli_maps_groups_by_flags_and_by_the_servers_job_row(tp_dumps, tmp_path):
+    from fleetscope.server.store import Store
+
+    from fleetscope import codec
+    from tests.helpers.data import sample_rows
+
+    js = _cli(str(tp_dumps), "--job", "j", "--dp", "2", "--tp", "2", "--json")
+    assert js.returncode == 0, js.stderr
+    doc = json.loads(js.stdout)
+    assert doc["culprits"] == [3] and doc["stops"][0]["group_id"] == "tp.pp0.dp1"
+    bad = _cli(str(tp_dumps), "--job", "j", "--dp", "0")
+    assert bad.returncode == 2 and "--dp 0" in bad.stderr
+
+    with running_server(tmp_path, diagnosis_enabled=False) as url:
+        job = sample_rows("jobs", 1, job="live", dp=2, tp=2, pp=1, order="tp-dp-pp", status="running",
+                          name="llama-live")[0]
+        import httpx
+
+        httpx.post(f"{url.api}/ingest", content=codec.encode_batch({"jobs": [job]}), timeout=60,
+                   headers={"Content-Type": codec.ARROW_CONTENT_TYPE}).raise_for_status()
+        proc = _cli(str(tp_dumps), "--job", "live", "--server", url)  # no flags: the job's row
+        assert proc.returncode == 0, proc.stderr
+        assert "culprit ranks: [3]" in proc.stdout and "tp.pp0.dp1#3" in proc.stdout
+        got = httpx.get(f"{url.api}/jobs/live", timeout=60).json()
+        assert got["name"] == "llama-live" and got["topology"]["tp"] == 2  # the job's row is kept
+    st = Store.open(f"chdb://{tmp_path / 'store'}")
+    try:
+        groups = st.query_rows("SELECT DISTINCT group_id, axis FROM collectives WHERE job = {j:String} "
+                               "ORDER BY group_id", {"j": "live"})
+        inflight = st.query_rows("SELECT rank, group_id, seq FROM inflight WHERE job = {j:String} ORDER BY rank",
+                                 {"j": "live"})
+    finally:
+        st.close()
+    assert [(g["group_id"], g["axis"]) for g in groups] == [
+        ("dp.pp0.tp0", "dp"), ("dp.pp0.tp1", "dp"), ("tp.pp0.dp0", "tp"), ("tp.pp0.dp1", "tp"), ("world", "world")]
+    assert [(r["rank"], r["group_id"], r["seq"]) for r in inflight] == [
+        (0, "dp.pp0.tp0", 2), (1, "dp.pp0.tp1", 2), (2, "tp.pp0.dp1", 3)]
+
+    # --store: the job's row in the store gives the topology
+    from fleetscope.schema import record_type
+
+    store = f"chdb://{tmp_path / 'store2'}"
+    st = Store.open(store)
+    try:
+        st.insert_arrow("jobs", codec.rows_to_table(record_type("jobs"), [job]))
+    finally:
+        st.close()
+    proc = _cli(str(tp_dumps), "--job", "live", "--store", store)
+    assert proc.returncode == 0, proc.stderr
+    assert "tp.pp0.dp1#3" in proc.stdout and "(the job's row)" in proc.stderr

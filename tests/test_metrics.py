@@ -54,7 +54,10 @@ def promtool_check(text: str) -> None:
 
 
 def test_metrics_are_valid_prometheus_text_behind_the_token(tmp_path):
-    with running_server(tmp_path, token=TOKEN, diagnosis_tick_s=0.5, metrics_cache_s=0) as url:
+    # diagnosis in this process: a worker child process (the default) does not report its
+    # pass times to the server's /metrics yet
+    with running_server(tmp_path, token=TOKEN, diagnosis_tick_s=0.5, metrics_cache_s=0,
+                        diagnosis_worker="thread") as url:
         assert HTTP.get(f"{url}/metrics").status_code == 401
         assert HTTP.get(f"{url}/metrics", headers={"Authorization": "Bearer wrong-token-0123456789"}).status_code == 401
         recs = post_straggler_job(url)
@@ -65,7 +68,19 @@ def test_metrics_are_valid_prometheus_text_behind_the_token(tmp_path):
             return sm if value(sm, "fleetscope_straggler_rank", job_id="strag", position="1") is not None else None
 
         sm = wait_for(straggler_in_metrics, 90, "straggler suspect in /metrics")
+        # runtime control: the job-wide level is 'full' until changed; then one series per level
+        assert value(sm, "fleetscope_job_instrumentation_level", job_id="strag", level="full") == 1
+        assert value(sm, "fleetscope_job_instrumentation_ranks", job_id="strag", level="full") == 8
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        HTTP.put(f"{url.api}/jobs/strag/instrumentation", json={"level": "steps"}, headers=auth).raise_for_status()
+        HTTP.put(f"{url.api}/jobs/strag/instrumentation", json={"level": "off", "ranks": [2, 5]},
+                 headers=auth).raise_for_status()
         text = scrape(url)
+        sm = samples(text)
+        assert {lab["level"]: v for lab, v in sm["fleetscope_job_instrumentation_level"]
+                if lab["job_id"] == "strag"} == {"off": 0, "steps": 1, "sections": 0, "full": 0}
+        assert {lab["level"]: v for lab, v in sm["fleetscope_job_instrumentation_ranks"]
+                if lab["job_id"] == "strag"} == {"off": 2, "steps": 6, "sections": 0, "full": 0}
         promtool_check(text)
         sm = samples(text)
         assert value(sm, "fleetscope_straggler_rank", job_id="strag", position="1") == 5
@@ -90,7 +105,10 @@ def test_metrics_are_valid_prometheus_text_behind_the_token(tmp_path):
         assert value(sm, "fleetscope_ingest_records_total", type="sections") == len(recs["sections"])
         assert value(sm, "fleetscope_ingest_duplicate_batches_total") == 1
         assert value(sm, "fleetscope_ingest_rejected_batches_total", reason="queue_full") == 0
-        assert value(sm, "fleetscope_diagnosis_pass_seconds_count", service="fleetscope-diagnosis", **{"pass": "tick"}) > 0
+        # the straggler incident may be committed before its diagnosis pass returns and is counted
+        wait_for(lambda: (value(samples(scrape(url)), "fleetscope_diagnosis_pass_seconds_count",
+                                service="fleetscope-diagnosis", **{"pass": "tick"}) or 0) > 0, 60,
+                 "a counted diagnosis pass in /metrics")
         assert value(sm, "fleetscope_alert_outbox_rows", status="pending") is not None
         # nothing is labelled by rank or host
         assert not any({"rank", "host"} & set(lab) for series in sm.values() for lab, _ in series)

@@ -267,19 +267,126 @@ def analyse(job: str, rows: list[dict[str, Any]], world_size: int, dumped: set[i
                       mismatches)
 
 
-def import_dir(directory: Path, job: str, world_size: int | None = None) -> tuple[list[dict], FrAnalysis]:
-    """Read every dump in ``directory``: (collectives rows, analysis)."""
+TOPOLOGY_AXES = ("tp", "dp", "pp")
+"""Axes tried in this order, as the hooks do when they name a group by its members."""
+
+
+@dataclass(frozen=True)
+class GroupMatch:
+    """An FR process group identified as one of the job's topology groups."""
+
+    group_id: str
+    """The hooks' name, e.g. ``tp.pp0.dp1`` (or ``world``)."""
+    axis: str
+    ranks: tuple[int, ...]
+    """Member ranks in group-rank order."""
+
+
+def match_groups(rows: list[dict[str, Any]], members: dict[str, list[int]],
+                 topology: Any, dumped: set[int] | None = None) -> dict[str, GroupMatch]:
+    """FR group id -> the hooks' topology group it is, matched by member ranks.
+
+    The members are ``pg_config``'s when the dump has them (NCCL): they must equal a
+    topology group's (the first axis in the hooks' order, tp, dp, pp, on a tie). gloo
+    dumps have none; then the members seen are the dumped ranks that recorded the group,
+    and a topology group fits when it holds them all and its other members left no dump.
+    Of the fitting groups not yet taken by another FR group the largest is chosen, if it
+    is the only one of its size (several equal to the members seen: the first axis, as
+    the hooks name it); otherwise the group waits until others are matched, and keeps
+    FR's name if that never settles it. Exact matches go first.
+    """
+    world = tuple(range(topology.world_size))
+    dumped = set(world) if dumped is None else set(dumped)
+    candidates: list[tuple[str, str, tuple[int, ...]]] = []
+    for axis in TOPOLOGY_AXES:
+        for gid, ranks in topology.groups(axis).items():
+            candidates.append((gid, axis, tuple(ranks)))
+    seen: dict[str, set[int]] = defaultdict(set)
+    for r in rows:
+        seen[r["group_id"]].add(int(r["rank"]))
+    out: dict[str, GroupMatch] = {}
+    taken: set[str] = set()
+
+    def pick(fr_gid: str, first: bool) -> tuple[str, str, tuple[int, ...]] | None | bool:
+        """A candidate; None: never matches; False: not decidable yet."""
+        exact = members.get(fr_gid)
+        want = set(exact) if exact else seen.get(fr_gid, set())
+        if not want:
+            return None
+        if exact and want == set(world):  # the hooks call a group of every rank "world"
+            return ("world", "world", world)
+        free = [c for c in candidates if c[0] not in taken]
+        if exact:
+            equal = [c for c in free if set(c[2]) == want]
+            return equal[0] if equal else None
+        fits = [c for c in free if want <= set(c[2]) and not (set(c[2]) - want) & dumped]
+        if not fits:
+            return None
+        size = max(len(c[2]) for c in fits)
+        top = [c for c in fits if len(c[2]) == size]
+        if len(top) == 1 and (not first or set(top[0][2]) == want):
+            return top[0]
+        if all(set(c[2]) == want for c in top):
+            return top[0]
+        return False
+
+    pending = sorted(g for g in set(seen) | set(members) if g != "world")
+    first = True
+    while pending:  # exact and complete matches first; partial ones once others are taken
+        left = []
+        for fr_gid in pending:
+            hit = pick(fr_gid, first)
+            if hit is False:
+                left.append(fr_gid)
+            elif hit is not None:
+                out[fr_gid] = GroupMatch(*hit)
+                if hit[0] != "world":
+                    taken.add(hit[0])
+        if len(left) == len(pending) and not first:
+            break
+        pending, first = left, False
+    return out
+
+
+def apply_topology(rows: list[dict[str, Any]], matches: dict[str, GroupMatch]) -> None:
+    """Rename matched groups in ``rows`` (in place) to the hooks' names, with their axis,
+    group rank and group size."""
+    for r in rows:
+        m = matches.get(r["group_id"])
+        if m is None:
+            continue
+        r["group_id"], r["axis"], r["group_size"] = m.group_id, m.axis, len(m.ranks)
+        r["group_rank"] = m.ranks.index(r["rank"]) if r["rank"] in m.ranks else -1
+
+
+def import_dir(directory: Path, job: str, world_size: int | None = None,
+               topology: Any = None) -> tuple[list[dict], FrAnalysis]:
+    """Read every dump in ``directory``: (collectives rows, analysis).
+
+    With ``topology`` (a :class:`fleetscope.topology.Topology`) FR's process groups
+    (``pg1``, ...) are renamed to the hooks' group names (``tp.pp0.dp0``, ...) by their
+    member ranks (:func:`match_groups`), so imported collectives join live ones.
+    """
     dumps = load_dir(directory)
     members: dict[str, list[int]] = {}
     for d in dumps.values():
         for gid, ranks in _members(d).items():
             members.setdefault(gid, ranks)
+    if topology is not None:
+        if world_size is not None and world_size != topology.world_size:
+            raise DumpError(f"--world-size {world_size} but the topology dp x tp x pp is {topology.world_size}")
+        world_size = topology.world_size
     if world_size is None:
         world_size = max([max(dumps) + 1, *(max(r) + 1 for r in members.values() if r)])
     bad = [r for r in dumps if r >= world_size]
     if bad:
-        raise DumpError(f"dumps for ranks {bad} but --world-size is {world_size}")
+        raise DumpError(f"dumps for ranks {bad} but the world size is {world_size}")
     rows = [row for rank, d in sorted(dumps.items()) for row in to_records(job, rank, d, world_size)]
+    if topology is not None:
+        matches = match_groups(rows, members, topology, set(dumps))
+        apply_topology(rows, matches)
+        members = {gid: ranks for gid, ranks in members.items() if gid not in matches}
+        members.update({m.group_id: list(m.ranks) for m in matches.values()})
     return rows, analyse(job, rows, world_size, set(dumps), members)
 
 

@@ -17,6 +17,7 @@ import asyncio
 import re
 import time
 
+import pyarrow.compute as pc
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from fleetscope.collector import (
@@ -77,6 +78,24 @@ async def _read_body(request: Request, limit: int, collector, inflight_limit: in
             reserved[0] += extra
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _foreign_hosts(principal, tables) -> tuple[str, list[str], list[str]] | None:
+    """For a host-limited token: the first record type whose ``host`` column names a host
+    outside the token's hosts, those hosts (sorted) and the allowed ones; else ``None``.
+    Empty hosts were already filled from ``X-Fleetscope-Host`` (itself checked against the
+    token), so only rows that claim another host are refused."""
+    allowed = getattr(principal, "hosts", None)
+    if not allowed:
+        return None
+    for name, table in tables.items():
+        if "host" not in table.column_names or not table.num_rows:
+            continue
+        values = pc.unique(table.column("host")).to_pylist()
+        bad = sorted(str(v) for v in values if v and v not in allowed)
+        if bad:
+            return name, bad, sorted(allowed)
+    return None
 
 
 def _busy(collector, why: str) -> JSONResponse:
@@ -174,6 +193,11 @@ async def _ingest_body(request, collector, settings, key, host, offset, offset_t
     except BatchError as e:
         return _error(400 if is_malformed(e) else 422, str(e))
     body = b""  # the decoded tables are what is kept while the write is waited for
+    foreign = _foreign_hosts(getattr(request.state, "principal", None), tables)
+    if foreign:
+        table, hosts, allowed = foreign
+        return _error(403, f"{table}.host: this token is limited to hosts {allowed}; the batch has rows "
+                      f"for host {hosts[0]!r}" + (f" (and {len(hosts) - 1} other host(s))" if len(hosts) > 1 else ""))
     num_rows = sum(t.num_rows for t in tables.values())
     if host and num_rows:  # an empty request proves nothing about the host's agent
         collector.host_seen_ns[host] = time.time_ns()
