@@ -367,12 +367,14 @@ def test_429_from_headers_before_the_body_is_read(server):
 
 
 def test_429_on_full_queue_before_the_body_is_read(tmp_path):
-    with running_server(tmp_path, max_queue_rows=1000, min_insert_rows=1000, coalesce_linger_ms=4000,
+    # the writer lingers 10 s (the most the setting allows) for more rows, so a loaded
+    # machine still sees the first batch queued before it is written
+    with running_server(tmp_path, max_queue_rows=1000, min_insert_rows=100_000, coalesce_linger_ms=10_000,
                         diagnosis_enabled=False) as url:  # fmt: skip
         fill = codec.encode_batch({"metrics": sample_rows("metrics", 1000)})
         with cf.ThreadPoolExecutor(1) as ex:  # queued, the writer lingers for more
             pending = ex.submit(httpx.post, f"{url.api}/ingest", content=fill, headers=ARROW, timeout=60)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 9
             while httpx.get(f"{url.api}/store/stats", timeout=10).json()["queued_rows"] < 1000:
                 assert time.monotonic() < deadline, "the first batch never queued"
                 time.sleep(0.05)
