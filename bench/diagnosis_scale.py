@@ -11,7 +11,9 @@ Per world size it prints, in seconds (best of --repeat):
   plus that pass;
 * ``store_after_cold`` - the new loader on an empty step cache (every step of the window
   reduced by ClickHouse) plus the pass;
-* ``store_after`` - the steady-state pass: cache warm, only the open steps re-reduced;
+* ``store_after_new_step`` - the steady-state pass: cache warm, one new step arrived since
+  the last pass (it and the steps still incomplete are reduced);
+* ``store_after`` - a pass with the cache warm and nothing new;
 * ``pure_after``  - the detectors alone on the reduced frames;
 * ``hang_after``  - the hang-only pass (O(ranks) rows);
 * rows moved from the store per pass (before / after), and whether the findings agree.
@@ -41,6 +43,42 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TOPOLOGIES = {8: (2, 2, 2), 64: (4, 4, 4), 512: (8, 8, 8), 2048: (32, 8, 8), 4096: (64, 8, 8), 12288: (192, 8, 8)}
+REPLICATED = {4096: 2, 12288: 6}
+"""Sizes built from the 2,048-rank job (32x8x8) replicated along DP (the synthetic
+generator is a Python loop: 10 M rows at 12,288 ranks would take many minutes): each
+replica gets its own DP indices, ranks, hosts and TP/PP group ids; the DP groups span all
+replicas (192 members at 12,288), whose members arrive at the same times as in the base."""
+
+
+def replicate_dp(frames, base_dp: int, tp: int, pp: int, copies: int):
+    """``frames`` of a (base_dp x tp x pp, order tp-dp-pp) job as ``copies`` DP replicas."""
+    import numpy as np
+    import pandas as pd
+
+    new_dp = base_dp * copies
+
+    def remap(r: np.ndarray, k: int) -> np.ndarray:
+        t, d, p_ = r % tp, (r // tp) % base_dp, r // (tp * base_dp)
+        return np.where(r >= 0, t + tp * (d + base_dp * k + new_dp * p_), r)
+
+    out = {}
+    for name, df in frames.items():
+        parts = []
+        for k in range(copies):
+            c = df.copy()
+            c["rank"] = remap(c["rank"].to_numpy(), k)
+            c["host"] = "h" + (c["rank"] // 8).astype(str)
+            if "peer" in c:
+                c["peer"] = remap(c["peer"].to_numpy(), k)
+            if "group_id" in c and k:
+                gid = c["group_id"].astype(str)
+                m = c["axis"].isin(["tp", "pp"])
+                ex = gid[m].str.extract(r"^(.*dp)(\d+)(.*)$")
+                gid[m] = ex[0] + (ex[1].astype(int) + base_dp * k).astype(str) + ex[2].fillna("")
+                c["group_id"] = gid
+            parts.append(c)
+        out[name] = pd.concat(parts, ignore_index=True)
+    return out
 
 
 def best(fn, repeat: int):
@@ -83,21 +121,42 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tempfile.mkdtemp(prefix=f"fs-scale-{n}-"))
         try:
             t0 = time.perf_counter()
-            job = SynthJob(topo=topo, num_steps=args.steps, num_mb=4, job=f"scale{n}",
+            copies = REPLICATED.get(n, 1)
+            base = Topology(dp=dp // copies, tp=tp, pp=pp)
+            job = SynthJob(topo=base, num_steps=args.steps, num_mb=4, job=f"scale{n}",
                            compute_factor=lambda r, s: 1.3 if r == 5 and s >= 8 else 1.0)
             f = job.build()
+            if copies > 1:
+                f = replicate_dp(f, dp // copies, tp, pp, copies)
             gen_s = time.perf_counter() - t0
             raw_rows = int(sum(len(f[k]) for k in ("sections", "collectives")))
             store = Store.open(f"chdb://{tmp / 'store'}", ttl_days=0)
-            for t in ("sections", "collectives", "steps"):
-                df = f[t]
-                for i in range(0, len(df), 1_000_000):
-                    store.insert_arrow(t, pa.Table.from_pandas(df.iloc[i:i + 1_000_000], preserve_index=False))
+
+            def insert(lo: int, hi: int) -> None:
+                for t in ("sections", "collectives", "steps"):
+                    df = f[t][(f[t]["step"] >= lo) & (f[t]["step"] <= hi)]
+                    for i in range(0, len(df), 1_000_000):
+                        store.insert_arrow(t, pa.Table.from_pandas(df.iloc[i:i + 1_000_000], preserve_index=False))
+
             info = JobInfo(job=job.job, topology=topo, num_microbatches=4)
             now = int(f["steps"]["end_ns"].max()) + 10**9
             row: dict = {"ranks": n, "raw_rows_window": raw_rows, "generate_s": round(gen_s, 1)}
             print(f"[{n} ranks] generated {raw_rows:,} raw rows in {gen_s:.1f}s; load {os.getloadavg()[0]:.1f}",
                   flush=True)
+            # steady state: the cache holds the window, then each pass sees one new step arrive
+            held = args.repeat
+            insert(0, args.steps - 1 - held)
+            live = rollups.StepCache()
+            load_reduced_frames(store, job.job, now, live, n, 4)
+            times = []
+            for k in range(held):
+                s_new = args.steps - held + k
+                insert(s_new, s_new)
+                t0 = time.perf_counter()
+                fr = load_reduced_frames(store, job.job, now, live, n, 4)
+                diagnose(info, fr, now)
+                times.append(time.perf_counter() - t0)
+            row["store_after_new_step"] = min(times)
             before = None
             if not args.skip_before:
                 from fleetscope.server.diagnosis.loader import JobFrames
@@ -153,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    cols = ["ranks", "raw_rows_window", "pure_before", "store_before", "store_after_cold", "store_after",
+    cols = ["ranks", "raw_rows_window", "pure_before", "store_before", "store_after_cold", "store_after_new_step",
+            "store_after",
             "pure_after", "hang_after", "remote_after", "remote_hang", "rows_moved_before", "rows_moved_after",
             "same_findings", "load_avg_1m"]
     cols = [c for c in cols if any(c in r for r in rows)]

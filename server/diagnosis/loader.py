@@ -3,6 +3,12 @@
 Every query is parameterised (``{name:Type}``) and bounded: a window of the latest
 steps of one job attempt, the latest in-flight/heartbeat row per rank, recent hardware
 signals of the job's hosts.
+
+:func:`load_reduced_frames` is what the diagnosis loop and the RCA routes use: the
+window's raw events stay in ClickHouse, which reduces them per rank and step
+(:mod:`.rollups`). :func:`load_job_frames` (raw sections and collectives of the window
+into pandas) remains for the pure detector tests and as the reference the reduced path
+is checked against.
 """
 
 from __future__ import annotations
