@@ -160,13 +160,19 @@ class JobFrames:
     @property
     def hosts(self) -> dict[int, str]:
         """Rank -> host, from step markers (falling back to heartbeats)."""
+        key = (id(self.heartbeats), len(self.heartbeats), id(self.steps), len(self.steps))
+        memo = self.__dict__.get("_hosts_memo")
+        if memo is not None and memo[0] == key:  # O(ranks), but asked several times a pass
+            return dict(memo[1])
         out: dict[int, str] = {}
         for df in (self.heartbeats, self.steps):
             if not df.empty:
-                for r, h in df[df["rank"] >= 0][["rank", "host"]].drop_duplicates("rank").itertuples(index=False):
+                d = df[df["rank"] >= 0][["rank", "host"]].drop_duplicates("rank")
+                for r, h in zip(d["rank"].to_numpy(), d["host"].to_numpy(dtype=object)):
                     if h:
                         out[int(r)] = str(h)
-        return out
+        self.__dict__["_hosts_memo"] = (key, out)
+        return dict(out)
 
 
 def named_queries() -> dict[str, str]:
