@@ -92,7 +92,7 @@ def best(fn, repeat: int):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="8,64,512,2048,12288", help="world sizes (of %s)" % sorted(TOPOLOGIES))
+    ap.add_argument("--sizes", default="8,64,512,2048,12288", help=f"world sizes (of {sorted(TOPOLOGIES)})")
     ap.add_argument("--steps", type=int, default=26, help="steps generated (the window is 24)")
     ap.add_argument("--repeat", type=int, default=3, help="best of this many passes")
     ap.add_argument("--skip-before", action="store_true", help="only the new path (the old one needs the "
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             raw_rows = int(sum(len(f[k]) for k in ("sections", "collectives")))
             store = Store.open(f"chdb://{tmp / 'store'}", ttl_days=0)
 
-            def insert(lo: int, hi: int) -> None:
+            def insert(lo: int, hi: int, f: dict = f) -> None:
                 for t in ("sections", "collectives", "steps"):
                     df = f[t][(f[t]["step"] >= lo) & (f[t]["step"] <= hi)]
                     for i in range(0, len(df), 1_000_000):

@@ -33,8 +33,8 @@ from .findings import FindingKind
 from .hangs import HangConfig
 from .incidents import sync_incidents
 from .loader import load_reduced_frames
-from .rollups import StepCache
 from .periodic import PeriodicAlertingService
+from .rollups import StepCache
 from .stragglers import StragglerConfig
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from fleetscope.server.store.ddl import ROLLUP_TABLE
 
 _P2P = "('send', 'recv', 'isend', 'irecv')"
