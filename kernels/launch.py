@@ -150,9 +150,9 @@ def run_local_group(
             )
             for r in range(nprocs)
         ]
-        for f in logs:
-            if f is not None:
-                f.close()
+        for log_file in logs:
+            if log_file is not None:
+                log_file.close()
         offsets = [0] * nprocs
 
         def forward() -> None:

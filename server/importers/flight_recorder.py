@@ -338,7 +338,7 @@ def match_groups(rows: list[dict[str, Any]], members: dict[str, list[int]],
             hit = pick(fr_gid, first)
             if hit is False:
                 left.append(fr_gid)
-            elif hit is not None:
+            elif isinstance(hit, tuple):
                 out[fr_gid] = GroupMatch(*hit)
                 if hit[0] != "world":
                     taken.add(hit[0])
