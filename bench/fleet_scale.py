@@ -178,7 +178,7 @@ class PassSampler:
         got: dict[str, list[float]] = {}
         for line in r.text.splitlines():
             m = re.match(r'fleetscope_diagnosis_pass_seconds_(count|sum)\{([^}]*)\} ([0-9.e+-]+)', line)
-            if m and 'service="fleetscope-diagnosis"' in m.group(2):
+            if m and ('service="fleetscope-diagnosis"' in m.group(2) or 'service="diagnosis-worker"' in m.group(2)):
                 name = re.search(r'pass="([^"]+)"', m.group(2)).group(1)
                 got.setdefault(name, [0.0, 0.0])[0 if m.group(1) == "count" else 1] = float(m.group(3))
         for name, (n, total) in got.items():

@@ -385,6 +385,19 @@ class FleetMetrics:
                 svc_name = str(getattr(svc, "name", type(svc).__name__))
                 passes.add_metric([svc_name, name], count_value=n, sum_value=total)
                 last_pass.add_metric([svc_name, name], latest)
+        # diagnosis worker processes report theirs (server/api/routes/internal.py): summed over
+        # the workers under service "diagnosis-worker" (the last pass: the slowest of the workers'
+        # latest), so the series stay fixed however many workers run
+        merged: dict[str, list[float]] = {}
+        for report in list(dict(getattr(st, "worker_passes", None) or {}).values()):
+            for name, (n, total, latest) in report.items():
+                acc = merged.setdefault(name, [0, 0.0, 0.0])
+                acc[0] += n
+                acc[1] += total
+                acc[2] = max(acc[2], latest)
+        for name, (n, total, latest) in sorted(merged.items()):
+            passes.add_metric(["diagnosis-worker", name], count_value=n, sum_value=total)
+            last_pass.add_metric(["diagnosis-worker", name], latest)
         box = GaugeMetricFamily("fleetscope_alert_outbox_rows",
                                 "Alert notifications not delivered: pending (queued or retrying) or failed "
                                 "(gave up).", labels=["status"])

@@ -54,10 +54,9 @@ def promtool_check(text: str) -> None:
 
 
 def test_metrics_are_valid_prometheus_text_behind_the_token(tmp_path):
-    # diagnosis in this process: a worker child process (the default) does not report its
-    # pass times to the server's /metrics yet
-    with running_server(tmp_path, token=TOKEN, diagnosis_tick_s=0.5, metrics_cache_s=0,
-                        diagnosis_worker="thread") as url:
+    # diagnosis in a worker child process (the default): it reports its pass times to the
+    # server, whose /metrics exports them under service "diagnosis-worker"
+    with running_server(tmp_path, token=TOKEN, diagnosis_tick_s=0.5, metrics_cache_s=0) as url:
         assert HTTP.get(f"{url}/metrics").status_code == 401
         assert HTTP.get(f"{url}/metrics", headers={"Authorization": "Bearer wrong-token-0123456789"}).status_code == 401
         recs = post_straggler_job(url)
@@ -107,7 +106,7 @@ def test_metrics_are_valid_prometheus_text_behind_the_token(tmp_path):
         assert value(sm, "fleetscope_ingest_rejected_batches_total", reason="queue_full") == 0
         # the straggler incident may be committed before its diagnosis pass returns and is counted
         wait_for(lambda: (value(samples(scrape(url)), "fleetscope_diagnosis_pass_seconds_count",
-                                service="fleetscope-diagnosis", **{"pass": "tick"}) or 0) > 0, 60,
+                                service="diagnosis-worker", **{"pass": "tick"}) or 0) > 0, 60,
                  "a counted diagnosis pass in /metrics")
         assert value(sm, "fleetscope_alert_outbox_rows", status="pending") is not None
         # nothing is labelled by rank or host

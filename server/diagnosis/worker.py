@@ -79,6 +79,14 @@ class RemoteStore:
         r.raise_for_status()
         return {str(k): int(v) for k, v in r.json().items()}
 
+    def report_passes(self, worker: str, passes: dict[str, Any]) -> None:
+        """Hand this worker's pass times to the server (its GET /metrics exports them)."""
+        body = {"worker": worker, "passes": {k: [float(x) for x in v] for k, v in passes.items()}}
+        try:
+            self.http.post(f"{self.base}/passes", json=body)
+        except httpx.HTTPError:  # the next report carries the same cumulative figures
+            log.debug("reporting pass times failed", exc_info=True)
+
     def wake_alerts(self) -> None:
         try:
             self.http.post(f"{self.base}/wake-alerts")
@@ -177,6 +185,7 @@ async def run_worker(settings: Any, server_url: str | None, parent_pid: int | No
     await loop.start()
     log.info("diagnosis worker %s started (store via %s)", loop.lease_owner,
              "server " + server_url if isinstance(state.store, RemoteStore) else "its own connection")
+    reported = 0
     try:
         while not stop.is_set():
             try:
@@ -185,6 +194,10 @@ async def run_worker(settings: Any, server_url: str | None, parent_pid: int | No
                 if parent_pid and os.getppid() != parent_pid:
                     log.info("server process %s gone: worker stops", parent_pid)
                     break
+                total = sum(int(v[0]) for v in loop.pass_seconds.values())
+                if state.remote is not None and total != reported:  # new passes: tell the server
+                    await asyncio.to_thread(state.remote.report_passes, loop.lease_owner, dict(loop.pass_seconds))
+                    reported = total
     finally:
         await loop.stop()
         loop.release_leases()

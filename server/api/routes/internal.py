@@ -63,6 +63,33 @@ def host_seen(request: Request) -> dict[str, int]:
     return dict(getattr(collector, "host_seen_ns", None) or {})
 
 
+class PassesIn(BaseModel):
+    worker: str = Field(description="the reporting worker's id", max_length=200)
+    passes: dict[str, list[float]] = Field(
+        description="pass name -> [count, total seconds, latest seconds] since the worker started",
+        max_length=16)
+
+
+MAX_WORKERS_REPORTED = 64
+"""Workers whose pass times one server keeps (the oldest report goes first)."""
+
+
+@router.post("/passes")
+def report_passes(body: PassesIn, request: Request) -> dict[str, int]:
+    """A worker's diagnosis pass times, exported by this server's GET /metrics."""
+    for name, v in body.passes.items():
+        if len(v) != 3 or any(not (x >= 0) for x in v) or len(name) > 64:
+            raise HTTPException(422, detail=f"passes[{name[:64]!r}]: expected [count, total_s, latest_s] >= 0")
+    reports = getattr(request.app.state, "worker_passes", None)
+    if reports is None:
+        reports = request.app.state.worker_passes = {}
+    reports.pop(body.worker, None)
+    reports[body.worker] = {k: (int(v[0]), float(v[1]), float(v[2])) for k, v in body.passes.items()}
+    while len(reports) > MAX_WORKERS_REPORTED:
+        reports.pop(next(iter(reports)))
+    return {"workers": len(reports)}
+
+
 @router.post("/wake-alerts")
 def wake_alerts(request: Request) -> dict[str, bool]:
     """Deliver newly queued alert notifications now rather than at the next poll."""
