@@ -19,6 +19,7 @@ link) ran at their peers' median", which is the estimated job slowdown of a stra
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -69,10 +70,11 @@ def simulate_step(p: StepProfile) -> float:
     num_stages = topo.pp
     end_post = np.zeros(topo.world_size)
     stage_done: dict[tuple[int, int], float] = {}
+    grid, tp_ids, pp_ids = _cells(topo)
     for dp in range(topo.dp):
-        cells = [topo.group_ranks("tp", topo.rank(dp=dp, pp=s, tp=0)) for s in range(num_stages)]
-        tp_link = [p.link_ns.get(topo.group_id("tp", cells[s][0]), 0.0) for s in range(num_stages)]
-        pp_link = p.link_ns.get(topo.group_id("pp", cells[0][0]), 0.0) if num_stages > 1 else 0.0
+        cells = [grid[dp, s] for s in range(num_stages)]  # = topo.group_ranks("tp", ...), in order
+        tp_link = [p.link_ns.get(tp_ids[dp][s], 0.0) for s in range(num_stages)]
+        pp_link = p.link_ns.get(pp_ids[dp], 0.0) if num_stages > 1 else 0.0
         f_dur = [p.fwd_ns[cells[s]].max(axis=0) + tp_link[s] for s in range(num_stages)]
         b_dur = [p.bwd_ns[cells[s]].max(axis=0) + tp_link[s] for s in range(num_stages)]
         clock = [float(p.pre_ns[cells[s]].max()) for s in range(num_stages)]
@@ -114,6 +116,23 @@ def simulate_step(p: StepProfile) -> float:
         sync_end = max(stage_done[(dp, s)] for dp in range(topo.dp)) + dp_link
         end_post[in_s] = sync_end + p.post_ns[in_s]
     return float(end_post.max())
+
+
+@lru_cache(maxsize=16)
+def _cells(topo: Topology) -> tuple[np.ndarray, list[list[str]], list[str]]:
+    """The pipeline cells of a topology, computed once per topology: ``grid[dp, pp]`` the
+    TP group's ranks in group order, and the TP group id per (dp, pp) and the PP group id
+    (of tp 0) per dp."""
+    stride, strides = 1, {}
+    for axis in topo.axes_fastest_first:
+        strides[axis] = stride
+        stride *= topo.size(axis)
+    d, s, t = np.meshgrid(np.arange(topo.dp), np.arange(topo.pp), np.arange(topo.tp), indexing="ij")
+    grid = d * strides["dp"] + s * strides["pp"] + t * strides["tp"]
+    grid.setflags(write=False)
+    tp_ids = [[topo.group_id("tp", int(grid[dp, st, 0])) for st in range(topo.pp)] for dp in range(topo.dp)]
+    pp_ids = [topo.group_id("pp", int(grid[dp, 0, 0])) for dp in range(topo.dp)]
+    return grid, tp_ids, pp_ids
 
 
 def rank_stages(topo: Topology) -> np.ndarray:
@@ -287,10 +306,12 @@ def profile_from_frames(
     pre, post = np.zeros(n), np.zeros(n)
     if not breakdown.empty:
         med = breakdown.groupby("rank").median(numeric_only=True)
-        for r, row in med.iterrows():
-            if 0 <= int(r) < n:
-                pre[int(r)] = row["dataloader_ns"] + row["untimed_ns"] + row["other_ns"]
-                post[int(r)] = row["optimizer_ns"]
+        r = med.index.to_numpy().astype(np.int64)
+        ok = (r >= 0) & (r < n)
+        col = {c: med[c].to_numpy(dtype=float)[ok] for c in ("dataloader_ns", "untimed_ns", "other_ns",
+                                                               "optimizer_ns")}
+        pre[r[ok]] = col["dataloader_ns"] + col["untimed_ns"] + col["other_ns"]
+        post[r[ok]] = col["optimizer_ns"]
     links: dict[str, float] = {}
     if not arrivals.empty:
         per_op = arrivals.groupby(["group_id", "axis", "step", "seq", "op"], as_index=False)["transfer_ns"].min()
