@@ -34,7 +34,7 @@ from fleetscope.topology import Topology
 
 from .breakdown import group_transfer
 from .findings import Finding, FindingKind, Severity
-from .whatif import StepProfile, whatif
+from .whatif import StepProfile, rank_stages, whatif
 
 COMPONENT_KIND = {
     "compute_ns": FindingKind.SLOW_COMPUTE,
@@ -216,8 +216,8 @@ def detect_stragglers(
     ranks = sorted(bd["rank"].unique().tolist())
     idx = {r: i for i, r in enumerate(ranks)}
     groups: dict[int, list[int]] = {}
-    for r in ranks:
-        groups.setdefault(topo.stage(r), []).append(idx[r])
+    for r, st in zip(ranks, rank_stages(topo)[ranks].tolist()):
+        groups.setdefault(st, []).append(idx[r])
     grid = _Grid(bd, ranks, steps)
     busy = grid.matrix("busy_ns")
     stage_groups = list(groups.values())

@@ -362,7 +362,7 @@ def profile_from_frames(
                     target[int(r), int(m)] = v
     pre, post = np.zeros(n), np.zeros(n)
     if not breakdown.empty:
-        med = breakdown.groupby("rank").median(numeric_only=True)
+        med = breakdown.groupby("rank")[["dataloader_ns", "untimed_ns", "other_ns", "optimizer_ns"]].median()
         r = med.index.to_numpy().astype(np.int64)
         ok = (r >= 0) & (r < n)
         col = {c: med[c].to_numpy(dtype=float)[ok] for c in ("dataloader_ns", "untimed_ns", "other_ns",
