@@ -34,7 +34,7 @@ from fleetscope.topology import Topology
 
 from .breakdown import group_transfer
 from .findings import Finding, FindingKind, Severity
-from .whatif import StepProfile, whatif
+from .whatif import StepProfile, rank_stages, whatif
 
 COMPONENT_KIND = {
     "compute_ns": FindingKind.SLOW_COMPUTE,
@@ -124,9 +124,17 @@ class _Grid:
 
 
 def _reference(x: np.ndarray, groups: list[list[int]]) -> np.ndarray:
-    """Leave-one-out median of each row's comparison group, per column."""
+    """Leave-one-out median of each row's comparison group, per column.
+
+    Vectorised (O(m log m) per group of m rows, not O(m^2)): each column of a group is
+    sorted once; leaving out the value at sorted position p shifts the order statistics
+    at or after p by one, so the median of the other m - 1 values is read off the sorted
+    column directly (the same value, or mean of two, that ``np.median`` returns)."""
     ref = np.empty_like(x)
     for members in groups:
+        if len(members) > 1 and not np.isnan(x[members]).any():
+            ref[members] = _loo_median(x[members])
+            continue
         for i in members:
             peers = [j for j in members if j != i]
             if peers:
@@ -135,6 +143,36 @@ def _reference(x: np.ndarray, groups: list[list[int]]) -> np.ndarray:
                 half = max(x.shape[1] // 2, 1)
                 ref[i] = np.median(x[i, :half])
     return ref
+
+
+def _loo_median(sub: np.ndarray) -> np.ndarray:
+    """Per column of ``sub`` (m x k, m >= 2, no NaN), for each row the median of the
+    column's other m - 1 values."""
+    m = sub.shape[0]
+    order = np.argsort(sub, axis=0, kind="stable")
+    srt = np.take_along_axis(sub, order, axis=0)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(m)[:, None].repeat(sub.shape[1], axis=1), axis=0)
+    cols = np.arange(sub.shape[1])[None, :]
+
+    def stat(j: int) -> np.ndarray:  # j-th order statistic of the others, per (row, column)
+        return srt[j + (pos <= j), cols]
+
+    n = m - 1
+    if n % 2:
+        return stat(n // 2)
+    return (stat(n // 2 - 1) + stat(n // 2)) / 2
+
+
+def _tail_medians(x: np.ndarray, run: np.ndarray) -> np.ndarray:
+    """Per row ``i``: the median of its latest ``run[i]`` columns (one ``np.median`` per
+    distinct run length, not one per row)."""
+    out = np.empty(x.shape[0])
+    run = np.asarray(run)
+    for n in np.unique(run):
+        rows = np.nonzero(run == n)[0]
+        out[rows] = np.median(x[rows, -int(n):], axis=1)
+    return out
 
 
 def _log_ratio(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
@@ -178,8 +216,8 @@ def detect_stragglers(
     ranks = sorted(bd["rank"].unique().tolist())
     idx = {r: i for i, r in enumerate(ranks)}
     groups: dict[int, list[int]] = {}
-    for r in ranks:
-        groups.setdefault(topo.stage(r), []).append(idx[r])
+    for r, st in zip(ranks, rank_stages(topo)[ranks].tolist()):
+        groups.setdefault(st, []).append(idx[r])
     grid = _Grid(bd, ranks, steps)
     busy = grid.matrix("busy_ns")
     stage_groups = list(groups.values())
@@ -193,9 +231,9 @@ def detect_stragglers(
     spikes = (lr > spike_thr).sum(axis=1)
     step_ns = float(np.median(grid.matrix("step_ns")))
     run_n = np.maximum(run_busy, 1)
-    busy_ex = np.array([np.median(busy[i, -n:] - ref[i, -n:]) for i, n in enumerate(run_n)])
-    persistent &= busy_ex >= np.maximum(config.min_effect * np.array(
-        [np.median(ref[i, -n:]) for i, n in enumerate(run_n)]), config.min_step_frac * step_ns)
+    busy_ex = _tail_medians(busy - ref, run_n)
+    persistent &= busy_ex >= np.maximum(config.min_effect * _tail_medians(ref, run_n),
+                                        config.min_step_frac * step_ns)
 
     comps = {c: grid.matrix(c) for c in COMPONENT_KIND}
     comp_refs = {c: _reference(m, stage_groups) for c, m in comps.items()}
@@ -211,9 +249,8 @@ def detect_stragglers(
         hit, sc, run = _scan(lr_c, _sigma(lr_c), config)
         top = _top_test(comps[c], groups, config)
         run = np.where(hit, run, np.where(top, min(config.top_steps, len(steps)), k))
-        ex_c = np.array([np.median(comps[c][i, -n:] - comp_refs[c][i, -n:]) for i, n in enumerate(run)])
-        material = np.maximum(config.min_effect * np.array([np.median(ref[i, -n:]) for i, n in enumerate(run)]),
-                              config.min_step_frac * step_ns)
+        ex_c = _tail_medians(comps[c] - comp_refs[c], run)
+        material = np.maximum(config.min_effect * _tail_medians(ref, run), config.min_step_frac * step_ns)
         comp_hit[c] = (hit | top) & (ex_c >= material)
         comp_score[c], comp_run[c] = sc, run
     suspects = [r for r in ranks if persistent[idx[r]] or any(comp_hit[c][idx[r]] for c in comp_hit)]
@@ -430,9 +467,10 @@ def _top_test(x: np.ndarray, groups: dict[int, list[int]], config: StragglerConf
         top = sub >= sub.max(axis=0, keepdims=True)
         unique_top = top.sum(axis=0) == 1  # ties (all zero) count for nobody
         hits = (top & unique_top).sum(axis=1)
-        for j, h in enumerate(hits):
-            p = sum(comb(k, i) * (1 / n) ** i * (1 - 1 / n) ** (k - i) for i in range(int(h), k + 1))
-            out[members[j]] = p < config.top_alpha
+        # the binomial tail per possible hit count (0..k), computed once per group
+        tail = np.array([sum(comb(k, i) * (1 / n) ** i * (1 - 1 / n) ** (k - i) for i in range(h, k + 1))
+                         for h in range(k + 1)])
+        out[np.asarray(members)] = tail[hits] < config.top_alpha
     return out
 
 

@@ -19,6 +19,7 @@ link) ran at their peers' median", which is the estimated job slowdown of a stra
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -64,15 +65,73 @@ def schedule_order(stage: int, num_stages: int, num_mb: int, schedule: str) -> l
 
 
 def simulate_step(p: StepProfile) -> float:
-    """Predicted step time (ns) of a profile: the makespan of the step's dependency graph."""
+    """Predicted step time (ns) of a profile: the makespan of the step's dependency graph.
+
+    The schedule's dependency structure is the same in every DP replica, so the 1F1B
+    event loop runs once with one array lane per replica (the same float operations as
+    one loop per replica, :func:`_simulate_step_per_replica`, which is kept for profiles
+    holding NaN, where Python's ``max`` and ``np.maximum`` differ)."""
+    topo, num_mb = p.topology, p.num_microbatches
+    links = np.fromiter(p.link_ns.values(), dtype=float, count=len(p.link_ns))
+    if any(np.isnan(a).any() for a in (p.fwd_ns, p.bwd_ns, p.pre_ns, p.post_ns, links)):
+        return _simulate_step_per_replica(p)
+    num_stages = topo.pp
+    grid, tp_ids, pp_ids = _cells(topo)
+    tp_link = np.array([[p.link_ns.get(g, 0.0) for g in row] for row in tp_ids], dtype=float).reshape(
+        topo.dp, num_stages)
+    pp_link = np.array([p.link_ns.get(g, 0.0) if num_stages > 1 else 0.0 for g in pp_ids], dtype=float)
+    f_all = p.fwd_ns[grid].max(axis=2) + tp_link[..., None]  # (dp, pp, mb)
+    b_all = p.bwd_ns[grid].max(axis=2) + tp_link[..., None]
+    clock = [p.pre_ns[grid[:, s]].max(axis=1).astype(float) for s in range(num_stages)]
+    orders = [schedule_order(s, num_stages, num_mb, p.schedule) for s in range(num_stages)]
+    pos = [0] * num_stages
+    f_end: dict[tuple[int, int], np.ndarray] = {}
+    b_end: dict[tuple[int, int], np.ndarray] = {}
+    zero = np.zeros(topo.dp)
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(num_stages):
+            while pos[s] < len(orders[s]):
+                op, m = orders[s][pos[s]]
+                if op == "F":
+                    dep = f_end.get((s - 1, m)) if s > 0 else zero
+                    dur = f_all[:, s, m]
+                else:
+                    dep = b_end.get((s + 1, m)) if s < num_stages - 1 else f_end.get((s, m))
+                    dur = b_all[:, s, m]
+                if dep is None:
+                    break
+                hop = pp_link if (op == "F" and s > 0) or (op == "B" and s < num_stages - 1) else zero
+                clock[s] = np.maximum(clock[s], dep + hop) + dur
+                (f_end if op == "F" else b_end)[(s, m)] = clock[s]
+                pos[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # cannot happen for a valid schedule; guard against loops
+            raise ValueError("pipeline schedule deadlocked")
+    end_post = np.zeros(topo.world_size)
+    stages = rank_stages(topo)
+    for s in range(num_stages):
+        in_s = stages == s
+        dp_link = max((p.link_ns.get(topo.group_id("dp", topo.rank(dp=0, pp=s, tp=t)), 0.0)
+                       for t in range(topo.tp)), default=0.0) if in_s.any() else 0.0
+        sync_end = float(clock[s].max()) + dp_link
+        end_post[in_s] = sync_end + p.post_ns[in_s]
+    return float(end_post.max())
+
+
+def _simulate_step_per_replica(p: StepProfile) -> float:
+    """:func:`simulate_step` with one event loop per DP replica (scalar arithmetic)."""
     topo, num_mb = p.topology, p.num_microbatches
     num_stages = topo.pp
     end_post = np.zeros(topo.world_size)
     stage_done: dict[tuple[int, int], float] = {}
+    grid, tp_ids, pp_ids = _cells(topo)
     for dp in range(topo.dp):
-        cells = [topo.group_ranks("tp", topo.rank(dp=dp, pp=s, tp=0)) for s in range(num_stages)]
-        tp_link = [p.link_ns.get(topo.group_id("tp", cells[s][0]), 0.0) for s in range(num_stages)]
-        pp_link = p.link_ns.get(topo.group_id("pp", cells[0][0]), 0.0) if num_stages > 1 else 0.0
+        cells = [grid[dp, s] for s in range(num_stages)]  # = topo.group_ranks("tp", ...), in order
+        tp_link = [p.link_ns.get(tp_ids[dp][s], 0.0) for s in range(num_stages)]
+        pp_link = p.link_ns.get(pp_ids[dp], 0.0) if num_stages > 1 else 0.0
         f_dur = [p.fwd_ns[cells[s]].max(axis=0) + tp_link[s] for s in range(num_stages)]
         b_dur = [p.bwd_ns[cells[s]].max(axis=0) + tp_link[s] for s in range(num_stages)]
         clock = [float(p.pre_ns[cells[s]].max()) for s in range(num_stages)]
@@ -105,13 +164,43 @@ def simulate_step(p: StepProfile) -> float:
                 raise ValueError("pipeline schedule deadlocked")
         for s in range(num_stages):
             stage_done[(dp, s)] = clock[s]
+    stages = rank_stages(topo)
     for s in range(num_stages):
-        ranks_s = [r for r in topo.ranks() if topo.stage(r) == s]
-        dp_link = max((p.link_ns.get(topo.group_id("dp", r), 0.0) for r in ranks_s), default=0.0)
+        in_s = stages == s
+        # the stage's ranks span one DP group per TP index: the max over those is the max over its ranks
+        dp_link = max((p.link_ns.get(topo.group_id("dp", topo.rank(dp=0, pp=s, tp=t)), 0.0)
+                       for t in range(topo.tp)), default=0.0) if in_s.any() else 0.0
         sync_end = max(stage_done[(dp, s)] for dp in range(topo.dp)) + dp_link
-        for r in ranks_s:
-            end_post[r] = sync_end + p.post_ns[r]
+        end_post[in_s] = sync_end + p.post_ns[in_s]
     return float(end_post.max())
+
+
+@lru_cache(maxsize=16)
+def _cells(topo: Topology) -> tuple[np.ndarray, list[list[str]], list[str]]:
+    """The pipeline cells of a topology, computed once per topology: ``grid[dp, pp]`` the
+    TP group's ranks in group order, and the TP group id per (dp, pp) and the PP group id
+    (of tp 0) per dp."""
+    stride, strides = 1, {}
+    for axis in topo.axes_fastest_first:
+        strides[axis] = stride
+        stride *= topo.size(axis)
+    d, s, t = np.meshgrid(np.arange(topo.dp), np.arange(topo.pp), np.arange(topo.tp), indexing="ij")
+    grid = d * strides["dp"] + s * strides["pp"] + t * strides["tp"]
+    grid.setflags(write=False)
+    tp_ids = [[topo.group_id("tp", int(grid[dp, st, 0])) for st in range(topo.pp)] for dp in range(topo.dp)]
+    pp_ids = [topo.group_id("pp", int(grid[dp, 0, 0])) for dp in range(topo.dp)]
+    return grid, tp_ids, pp_ids
+
+
+def rank_stages(topo: Topology) -> np.ndarray:
+    """``topo.stage(r)`` of every rank, as one array (vectorised :meth:`Topology.coords`)."""
+    rest = np.arange(topo.world_size)
+    for axis in topo.axes_fastest_first:
+        n = topo.size(axis)
+        if axis == "pp":
+            return rest % n
+        rest = rest // n
+    raise ValueError("topology without a pp axis")
 
 
 def peer_ranks(topo: Topology, rank: int) -> list[int]:
@@ -124,6 +213,10 @@ def fix_ranks(p: StepProfile, ranks: list[int], exclude: set[int] | None = None)
     ``exclude`` (default: outside ``ranks``)."""
     fwd, bwd, pre, post = p.fwd_ns.copy(), p.bwd_ns.copy(), p.pre_ns.copy(), p.post_ns.copy()
     bad = set(ranks) if exclude is None else set(exclude)
+    mats = (p.fwd_ns, p.bwd_ns, p.pre_ns, p.post_ns)
+    if not any(np.isnan(m).any() for m in mats):
+        _fix_ranks_vectorised(p, ranks, bad, (fwd, bwd, pre, post))
+        return replace(p, fwd_ns=fwd, bwd_ns=bwd, pre_ns=pre, post_ns=post)
     for r in ranks:
         peers = [q for q in peer_ranks(p.topology, r) if q not in bad]
         if not peers:
@@ -133,6 +226,39 @@ def fix_ranks(p: StepProfile, ranks: list[int], exclude: set[int] | None = None)
         pre[r] = np.median(p.pre_ns[peers])
         post[r] = np.median(p.post_ns[peers])
     return replace(p, fwd_ns=fwd, bwd_ns=bwd, pre_ns=pre, post_ns=post)
+
+
+def _fix_ranks_vectorised(p: StepProfile, ranks: list[int], bad: set[int], out) -> None:
+    """:func:`fix_ranks` per stage with arrays (same medians, O(ranks log ranks)): a rank
+    in ``bad`` gets the median of its stage's ranks outside ``bad``; a rank outside it
+    the median of those others (a leave-one-out median)."""
+    from .stragglers import _loo_median
+
+    n = p.topology.world_size
+    stages = rank_stages(p.topology)
+    want = np.zeros(n, dtype=bool)
+    rs = np.asarray([int(r) for r in ranks], dtype=np.int64)
+    if rs.size == 0:
+        return
+    want[rs] = True
+    is_bad = np.zeros(n, dtype=bool)
+    bad_idx = [int(r) for r in bad if 0 <= int(r) < n]
+    is_bad[bad_idx] = True
+    src = (p.fwd_ns, p.bwd_ns, p.pre_ns, p.post_ns)
+    for s in np.unique(stages[rs]):
+        pool = np.nonzero((stages == s) & ~is_bad)[0]
+        if pool.size == 0:
+            continue
+        targets_bad = np.nonzero((stages == s) & want & is_bad)[0]
+        targets_pool = np.nonzero(want[pool])[0]  # positions in pool
+        for a, dst in zip(src, out):
+            sub = a[pool] if a.ndim == 2 else a[pool][:, None]
+            if targets_bad.size:
+                med = np.median(sub, axis=0)
+                dst[targets_bad] = med if a.ndim == 2 else med[0]
+            if targets_pool.size and pool.size > 1:
+                loo = _loo_median(sub)[targets_pool]
+                dst[pool[targets_pool]] = loo if a.ndim == 2 else loo[:, 0]
 
 
 def fix_group(p: StepProfile, group_id: str) -> StepProfile:
@@ -236,11 +362,13 @@ def profile_from_frames(
                     target[int(r), int(m)] = v
     pre, post = np.zeros(n), np.zeros(n)
     if not breakdown.empty:
-        med = breakdown.groupby("rank").median(numeric_only=True)
-        for r, row in med.iterrows():
-            if 0 <= int(r) < n:
-                pre[int(r)] = row["dataloader_ns"] + row["untimed_ns"] + row["other_ns"]
-                post[int(r)] = row["optimizer_ns"]
+        med = breakdown.groupby("rank")[["dataloader_ns", "untimed_ns", "other_ns", "optimizer_ns"]].median()
+        r = med.index.to_numpy().astype(np.int64)
+        ok = (r >= 0) & (r < n)
+        col = {c: med[c].to_numpy(dtype=float)[ok] for c in ("dataloader_ns", "untimed_ns", "other_ns",
+                                                               "optimizer_ns")}
+        pre[r[ok]] = col["dataloader_ns"] + col["untimed_ns"] + col["other_ns"]
+        post[r[ok]] = col["optimizer_ns"]
     links: dict[str, float] = {}
     if not arrivals.empty:
         per_op = arrivals.groupby(["group_id", "axis", "step", "seq", "op"], as_index=False)["transfer_ns"].min()
@@ -260,4 +388,4 @@ def profile_from_frames(
 
 
 __all__ = ["P2P_OPS", "StepProfile", "WhatIf", "fix_group", "fix_ranks", "peer_ranks",
-           "profile_from_frames", "schedule_order", "simulate_step", "typical", "whatif"]
+           "profile_from_frames", "rank_stages", "schedule_order", "simulate_step", "typical", "whatif"]
