@@ -32,12 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def build_frames(n: int, steps: int):
     import pyarrow as pa
     from diagnosis_scale import REPLICATED, TOPOLOGIES, replicate_dp
-
     from fleetscope.server.diagnosis import rollups
     from fleetscope.server.diagnosis.engine import JobInfo
     from fleetscope.server.diagnosis.loader import load_reduced_frames
     from fleetscope.server.diagnosis.synthetic import SynthJob
     from fleetscope.server.store import Store
+
     from fleetscope.topology import Topology
 
     dp, tp, pp = TOPOLOGIES[n]
@@ -72,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the reduced frames are cached between runs")
     args = ap.parse_args(argv)
     from diagnosis_scale import TOPOLOGIES
-
     from fleetscope.server.diagnosis.engine import diagnose, diagnose_hang
 
     sizes = [int(x) for x in args.sizes.split(",")]

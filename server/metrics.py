@@ -396,7 +396,7 @@ class FleetMetrics:
                 acc[1] += total
                 acc[2] = max(acc[2], latest)
         for name, (n, total, latest) in sorted(merged.items()):
-            passes.add_metric(["diagnosis-worker", name], count_value=n, sum_value=total)
+            passes.add_metric(["diagnosis-worker", name], count_value=int(n), sum_value=total)
             last_pass.add_metric(["diagnosis-worker", name], latest)
         box = GaugeMetricFamily("fleetscope_alert_outbox_rows",
                                 "Alert notifications not delivered: pending (queued or retrying) or failed "

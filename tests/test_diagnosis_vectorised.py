@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fleetscope.server.diagnosis import stragglers as S
-from fleetscope.server.diagnosis.whatif import (StepProfile, _simulate_step_per_replica, fix_ranks,
-                                                peer_ranks, rank_stages, simulate_step)
+from fleetscope.server.diagnosis.whatif import (
+    StepProfile,
+    _simulate_step_per_replica,
+    fix_ranks,
+    peer_ranks,
+    rank_stages,
+    simulate_step,
+)
+
 from fleetscope.topology import Topology
 
 
