@@ -45,7 +45,7 @@ def server(bench, tmp_path_factory):
     proc, url = bench.start_server(work)
     http = httpx.Client(timeout=60)
     api = f"{url}/api/v1"
-    http.post(f"{api}/alerts/webhooks", json={"name": "t", "url": rx.url, "secret": "s"}).raise_for_status()
+    http.post(f"{api}/alerts/webhooks", json={"name": "t", "url": rx.url, "secret": "scenario-secret-0123"}).raise_for_status()
     try:
         yield api, rx, work, http
     finally:
