@@ -172,8 +172,11 @@ def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
     if hang_finding is None:
         return hang, lost
     hang_finding = replace(hang_finding, hosts=tuple(sorted({hosts[r] for r in hang_finding.ranks if r in hosts})))
-    hang_finding.evidence["heartbeat_lost"] = [f.summary for f in lost]  # not separate incidents
-    return hang, [hang_finding]
+    # a whole job gone silent stays its own finding (it pages, and the job's status becomes
+    # lost); hosts' heartbeat losses are evidence of the hang, not separate incidents
+    job_silent = [f for f in lost if f.evidence.get("silence") == "job"]
+    hang_finding.evidence["heartbeat_lost"] = [f.summary for f in lost if f not in job_silent]
+    return hang, [hang_finding, *job_silent]
 
 
 def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
