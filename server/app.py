@@ -252,6 +252,7 @@ async def _startup(app: FastAPI, settings: Settings) -> None:
 
     store = await asyncio.to_thread(Store.open, settings.store_url, settings.ttl_days)
     app.state.store = store
+    app.state.diagnosis_store = store.sibling()
     app.state.db = await asyncio.to_thread(open_db, settings.db_url)
     collector = IngestWriter(
         store,

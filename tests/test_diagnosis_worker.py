@@ -19,6 +19,7 @@ from test_diagnosis_api import ingest, job_record, synth_records
 from tests.helpers.server import running_server
 
 S = 1_000_000_000
+KINDS = {"slow_compute", "slow_dataloader", "late_arrival", "slow_link", "gc_pause"}
 
 
 def test_two_workers_never_hold_one_job(tmp_path):
@@ -56,3 +57,18 @@ def test_worker_reaches_the_embedded_store_through_the_server(tmp_path):
         r = httpx.post(f"{url.api}/internal/diagnosis/query", json={"name": "last_step", "params": {"job": "x"}})
         assert r.status_code == 422 and "attempt" in r.text  # a missing parameter is named
         assert httpx.get(f"{url.api}/internal/diagnosis/host-seen").status_code == 200
+        # a worker's verdict is what /stragglers and /hang answer while it is fresh
+        d.computed_ns = time.time_ns()
+        rs.publish(d, 0.5)
+        got = httpx.get(f"{url.api}/jobs/remote/stragglers").json()
+        assert got["computed_ns"] == d.computed_ns
+        assert [(i["kind"], i["ranks"], i["factor"]) for i in got["items"]] == [
+            (f.kind.value, list(f.ranks), f.factor) for f in d.findings if f.kind.value in KINDS]
+        hang = httpx.get(f"{url.api}/jobs/remote/hang").json()
+        assert hang["stalled"] == d.hang.stalled and hang["last_step"] == d.hang.last_step
+        older = {"job": "remote", "computed_ns": d.computed_ns - S, "took_s": 0.1, "findings": [], "hang": {}}
+        assert httpx.post(f"{url.api}/internal/diagnosis/verdict", json=older).status_code == 200
+        assert httpx.get(f"{url.api}/jobs/remote/stragglers").json()["computed_ns"] == d.computed_ns  # kept
+        bad = {**older, "computed_ns": time.time_ns(), "findings": [{"kind": "nope", "job": "remote"}]}
+        r = httpx.post(f"{url.api}/internal/diagnosis/verdict", json=bad)
+        assert r.status_code == 422 and "nope" in r.text

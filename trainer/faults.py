@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 CRASH_EXIT_CODE = 1
+_SLEEP_CREDIT_S = 0.05
+"""The most oversleeping a straggler's later stretches pay back (see FaultInjector._sleep)."""
 
 _FIELDS: dict[str, dict[str, tuple[type, Any]]] = {
     # kind -> field -> (type, default; ... = required)
@@ -134,9 +136,9 @@ class FaultInjector:
         self._patched: dict[str, Any] = {}
         self._entry_patched: dict[str, tuple[Any, Any]] = {}
         self._hang_armed = True
-        self._oversleep_s = 0.0
-        """How much longer than asked the previous stretches slept (scheduler wake-up
-        latency on a loaded machine); the next stretch sleeps that much less."""
+        self._sleep_debt_s = 0.0
+        """Injected delay still owed (> 0) or already overslept (< 0, at most
+        ``_SLEEP_CREDIT_S``): see :meth:`_sleep`."""
         self._comm_spans: list[tuple[float, float]] = []
         """(start, end) perf_counter times of the blocking comm calls since the open section
         began (a straggler's stretch leaves them out: see :meth:`stretch`)."""
@@ -147,7 +149,6 @@ class FaultInjector:
     # ---- called by the training loop ----------------------------------------------------
     def step_start(self, step: int) -> None:
         self.step = step
-        self._oversleep_s = 0.0
         for f in self._of("crash"):
             if step >= f.get("step"):
                 os._exit(CRASH_EXIT_CODE)  # a hard crash: no cleanup, no flush
@@ -197,14 +198,21 @@ class FaultInjector:
         self._comm_spans = [s for s in self._comm_spans if s[1] > time.perf_counter()]
 
     def _sleep(self, want_s: float) -> None:
-        """Sleep ``want_s``, less the previous stretch's wake-up lateness (several ms per
-        sleep when the CPUs are oversubscribed), but never less than half of ``want_s``:
-        a rank that sleeps in every section is then not slowed by the scheduler on top of
-        its injected factor, and one long descheduling does not cancel later stretches."""
-        ask = max(want_s - self._oversleep_s, 0.5 * want_s)
+        """Add ``want_s`` to the delay owed and sleep off what is owed.
+
+        A section's own work is often a few ms, so its stretch is a ms or two, while a
+        sleep on an oversubscribed CPU wakes 5-25 ms late: sleeping each stretch as asked
+        made a "1.6x" straggler 2.2-3.1x. The lateness is carried as credit instead, and
+        the next stretches sleep only once it is spent, so the injected delay summed over
+        a step matches the factor. The credit is capped (``_SLEEP_CREDIT_S``): one long
+        descheduling does not cancel the stretches of many steps.
+        """
+        self._sleep_debt_s += want_s
+        if self._sleep_debt_s <= 0.0:
+            return
         t0 = time.perf_counter()
-        time.sleep(ask)
-        self._oversleep_s = min(max(time.perf_counter() - t0 - ask, 0.0), want_s)
+        time.sleep(self._sleep_debt_s)
+        self._sleep_debt_s = max(self._sleep_debt_s - (time.perf_counter() - t0), -_SLEEP_CREDIT_S)
 
     # ---- below the tracing layer ------------------------------------------------------
     def install_comm(self) -> None:

@@ -30,6 +30,14 @@ def get_store(request: Request) -> Store:
     return store
 
 
+def get_diagnosis_store(request: Request) -> Store:
+    """The diagnosis worker's handle on the store: its own client, so a worker's queries
+    never queue behind the API's reads on the main client (chdb serialises the calls made
+    on one handle)."""
+    store = getattr(request.app.state, "diagnosis_store", None)
+    return store if store is not None else get_store(request)
+
+
 def get_collector(request: Request) -> IngestWriter:
     collector = getattr(request.app.state, "collector", None)
     if collector is None:
@@ -194,6 +202,7 @@ def optional_principal(request: Request) -> Principal | None:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
+DiagnosisStoreDep = Annotated[Store, Depends(get_diagnosis_store)]
 SessionDep = Annotated[Session, Depends(get_session)]
 CollectorDep = Annotated[IngestWriter, Depends(get_collector)]
 TokenDep = Annotated[Principal, Depends(require_token)]

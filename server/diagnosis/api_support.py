@@ -6,7 +6,9 @@ for the job when it is fresh, else runs one pass on demand.
 
 from __future__ import annotations
 
+import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import HTTPException
@@ -14,6 +16,7 @@ from fleetscope.server.db.models import Job
 from pydantic import BaseModel, ConfigDict, Field
 
 from .engine import JobDiagnosis
+from .findings import Finding, HangAnalysis
 from .loop import config_from_settings, diagnose_job, job_info
 
 FINDING_EXAMPLE = {
@@ -116,33 +119,133 @@ def get_job(session: Any, job: str) -> Job:
     return row
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """A diagnosis pass's findings and hang analysis (what ``/stragglers`` and ``/hang``
+    answer): the in-process loop's, a worker's (:func:`publish`), or an on-demand pass's."""
+
+    job: str
+    computed_ns: int
+    findings: list[Finding]
+    hang: HangAnalysis
+    took_s: float = 0.0
+
+
+MAX_PUBLISHED_JOBS = 1024
+"""Jobs whose latest worker verdict one server process keeps (the oldest go first)."""
+
+
+def publish(app: Any, verdict: Verdict) -> None:
+    """Keep a worker's latest verdict of a job (an older one than kept is ignored)."""
+    with _CREATE:
+        kept = getattr(app.state, "published_verdicts", None)
+        if kept is None:
+            kept = app.state.published_verdicts = {}
+        old = kept.get(verdict.job)
+        if old is not None and old.computed_ns > verdict.computed_ns:
+            return
+        kept.pop(verdict.job, None)
+        kept[verdict.job] = verdict
+        while len(kept) > MAX_PUBLISHED_JOBS:
+            kept.pop(next(iter(kept)))
+
+
+def latest_verdict(app: Any, store: Any, session: Any, job: str) -> Verdict | JobDiagnosis:
+    """The diagnosis loop's latest verdict of ``job``: where the loop runs in a worker
+    process, the one it published, while it is fresh (within the API's freshness window,
+    or twice the worker's pass time plus two ticks when its passes are slow), so the API
+    answers what the incidents say and no second pass competes with the worker's;
+    otherwise :func:`job_diagnosis`."""
+    if getattr(app.state, "diagnosis", None) is None:
+        get_job(session, job)
+        kept = (getattr(app.state, "published_verdicts", None) or {}).get(job)
+        if kept is not None:
+            tick = float(getattr(app.state.settings, "diagnosis_tick_s", 2.0))
+            fresh_s = max(2.5 * tick, 2.0 * kept.took_s + 2.0 * tick)
+            if time.time_ns() - kept.computed_ns <= fresh_s * 1e9:
+                return kept
+    return job_diagnosis(app, store, session, job)
+
+
 def job_diagnosis(app: Any, store: Any, session: Any, job: str, max_age_s: float | None = None) -> JobDiagnosis:
-    """The loop's latest diagnosis of ``job`` if fresh, else a new pass now."""
+    """The loop's latest diagnosis of ``job`` if fresh, else a new pass now.
+
+    With the loop in a worker process, this process runs its own passes on demand, at
+    most one per job at a time: a request that arrives while one runs waits for it
+    instead of starting another (many clients polling a job whose pass takes longer than
+    ``max_age`` - a loaded server, a large job - used to pile up passes), and a result
+    stays fresh for at least twice the time its pass took, so polling spends at most about
+    a third of a core on each job however slow its passes are."""
     row = get_job(session, job)
     loop = getattr(app.state, "diagnosis", None)
     settings = app.state.settings
     max_age = max_age_s if max_age_s is not None else 2.5 * float(getattr(settings, "diagnosis_tick_s", 2.0))
-    now = time.time_ns()
-    # the loop's results (diagnosis in this process), else this process' own recent passes
-    # (the loop runs in a worker process): one on-demand pass per job per max_age
-    latest = loop.latest if loop is not None else _on_demand(app)
-    cached = latest.get(job)
-    if cached is not None and now - cached.computed_ns <= max_age * 1e9:
-        return cached
+    if loop is not None:  # the loop runs in this process: its results
+        cached = loop.latest.get(job)
+        if cached is not None and time.time_ns() - cached.computed_ns <= max_age * 1e9:
+            return cached
+        return _pass(app, store, row, cached)
+    od = _on_demand(app)
+    while True:
+        with od.lock:
+            cached = od.latest.get(job)
+            fresh = max(max_age, 2.0 * od.took_s.get(job, 0.0))
+            if cached is not None and time.time_ns() - cached.computed_ns <= fresh * 1e9:
+                return cached
+            running = od.running.get(job)
+            if running is None:
+                running = od.running[job] = threading.Event()
+                break
+        running.wait(_WAIT_S)  # another request's pass of this job: its result
+    t0 = time.monotonic()
+    try:
+        result = _pass(app, store, row, cached)
+        with od.lock:
+            od.latest.pop(job, None)
+            od.latest[job] = result
+            od.took_s[job] = time.monotonic() - t0
+            while len(od.latest) > _ON_DEMAND_JOBS:  # bounded: the oldest entries go first
+                gone = next(iter(od.latest))
+                od.latest.pop(gone)
+                od.took_s.pop(gone, None)
+        return result
+    finally:
+        with od.lock:
+            od.running.pop(job).set()
+
+
+_ON_DEMAND_JOBS = 64
+"""Jobs whose latest on-demand diagnosis one server process keeps."""
+_WAIT_S = 30.0
+"""How often a request waiting for another request's pass looks again."""
+
+
+def _pass(app: Any, store: Any, row: Job, previous: JobDiagnosis | None) -> JobDiagnosis:
     collector = getattr(app.state, "collector", None)
     # an on-demand pass keeps the hang culprits the loop named (what the incident says)
-    result = diagnose_job(store, job_info(row), now, config_from_settings(settings),
-                          dict(getattr(collector, "host_seen_ns", None) or {}),
-                          previous=cached.hang if cached is not None else None)
-    if loop is None:
-        latest[job] = result
-        while len(latest) > 64:  # bounded: the oldest entries go first
-            latest.pop(next(iter(latest)))
-    return result
+    return diagnose_job(store, job_info(row), time.time_ns(), config_from_settings(app.state.settings),
+                        dict(getattr(collector, "host_seen_ns", None) or {}),
+                        previous=previous.hang if previous is not None else None)
 
 
-def _on_demand(app: Any) -> dict[str, JobDiagnosis]:
+@dataclass
+class _OnDemand:
+    """This process' own passes (the loop runs in a worker process)."""
+
+    latest: dict[str, JobDiagnosis] = field(default_factory=dict)
+    took_s: dict[str, float] = field(default_factory=dict)
+    running: dict[str, threading.Event] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _on_demand(app: Any) -> _OnDemand:
     d = getattr(app.state, "diagnosis_on_demand", None)
     if d is None:
-        d = app.state.diagnosis_on_demand = {}
+        with _CREATE:
+            d = getattr(app.state, "diagnosis_on_demand", None)
+            if d is None:
+                d = app.state.diagnosis_on_demand = _OnDemand()
     return d
+
+
+_CREATE = threading.Lock()

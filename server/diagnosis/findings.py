@@ -178,3 +178,41 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, float) and v != v:
         return None
     return v
+
+
+def finding_from_dict(d: dict[str, Any]) -> Finding:
+    """The inverse of :func:`finding_to_dict` (``key`` is derived, not read)."""
+    return Finding(
+        kind=FindingKind(d["kind"]), job=str(d["job"]), ranks=tuple(int(r) for r in d.get("ranks") or ()),
+        score=float(d.get("score") or 0.0), summary=str(d.get("summary") or ""),
+        severity=Severity(d.get("severity") or Severity.WARNING.value),
+        hosts=tuple(str(h) for h in d.get("hosts") or ()), group_id=str(d.get("group_id") or ""),
+        first_step=int(d.get("first_step", -1)), last_step=int(d.get("last_step", -1)),
+        est_slowdown=float(d.get("est_slowdown") or 0.0), factor=float(d.get("factor") or 0.0),
+        component=str(d.get("component") or ""), evidence=dict(d.get("evidence") or {}),
+    )
+
+
+def hang_to_dict(h: HangAnalysis) -> dict[str, Any]:
+    """JSON-ready dict of a hang analysis (what ``GET /jobs/{job}/hang`` answers)."""
+    return _jsonable({
+        "job": h.job, "stalled": h.stalled, "stalled_since_ns": h.stalled_since_ns,
+        "stalled_for_s": round(h.stalled_for_s, 3), "threshold_s": h.threshold_s,
+        "last_step": h.last_step, "culprits": list(h.culprits),
+        "hang_class": h.hang_class.value if h.hang_class else None, "group_id": h.group_id,
+        "chain": [list(e) for e in h.chain], "evidence": h.evidence, "due_in_s": h.due_in_s,
+    })
+
+
+def hang_from_dict(d: dict[str, Any]) -> HangAnalysis:
+    """The inverse of :func:`hang_to_dict`."""
+    cls = d.get("hang_class")
+    due = d.get("due_in_s")
+    return HangAnalysis(
+        job=str(d["job"]), stalled=bool(d.get("stalled")), stalled_since_ns=int(d.get("stalled_since_ns") or 0),
+        stalled_for_s=float(d.get("stalled_for_s") or 0.0), threshold_s=float(d.get("threshold_s") or 0.0),
+        last_step=int(d.get("last_step", -1)), culprits=tuple(int(r) for r in d.get("culprits") or ()),
+        hang_class=HangClass(cls) if cls else None, group_id=str(d.get("group_id") or ""),
+        chain=tuple((int(a), int(b), str(c)) for a, b, c in d.get("chain") or ()),
+        evidence=dict(d.get("evidence") or {}), due_in_s=None if due is None else float(due),
+    )

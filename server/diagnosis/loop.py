@@ -17,6 +17,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -108,6 +109,8 @@ class DiagnosisLoop(PeriodicAlertingService):
         self.base_url = str(getattr(s, "public_url", "") or "")
         self.config = config_from_settings(s)
         self.latest: dict[str, JobDiagnosis] = {}
+        self.on_result: Callable[[JobDiagnosis, float], None] | None = None
+        """Called with each full pass's result and its duration (a worker publishes it)."""
         self.num_ticks = 0
         self.num_early_passes = 0
         self._cursor = 0
@@ -286,6 +289,8 @@ class DiagnosisLoop(PeriodicAlertingService):
         self._wake_dispatcher(queued)
         took_s = (time.time_ns() - now_ns) / 1e9
         self.pass_s[info.job] = took_s
+        if self.on_result is not None:
+            self.on_result(result, took_s)
         if took_s > self.tick_s:
             log.info("diagnosis pass of job %s took %.1f s (tick %.1f s)", info.job, took_s, self.tick_s)
         return queued
@@ -305,6 +310,8 @@ class DiagnosisLoop(PeriodicAlertingService):
         self._schedule(info.job, hang.due_in_s, now_ns)
         if cached is not None:
             cached.hang = hang
+            if self.on_result is not None:  # the new hang analysis beside the full pass's findings
+                self.on_result(cached, self.pass_s.get(info.job, 0.0))
         findings = [f for f in findings if f.kind == FindingKind.HANG or f.evidence.get("silence")]
         if not findings:
             return 0

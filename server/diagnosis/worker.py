@@ -23,6 +23,7 @@ How the worker reaches the telemetry store depends on its URL:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -86,6 +87,18 @@ class RemoteStore:
             self.http.post(f"{self.base}/passes", json=body)
         except httpx.HTTPError:  # the next report carries the same cumulative figures
             log.debug("reporting pass times failed", exc_info=True)
+
+    def publish(self, result: Any, took_s: float) -> None:
+        """Hand a full pass's verdict to the server (its /stragglers and /hang answer it)."""
+        from .findings import finding_to_dict, hang_to_dict
+
+        body = {"job": result.job, "computed_ns": int(result.computed_ns), "took_s": float(took_s),
+                "findings": [finding_to_dict(f) for f in result.findings], "hang": hang_to_dict(result.hang)}
+        try:
+            self.http.post(f"{self.base}/verdict", content=json.dumps(body, allow_nan=False, default=str),
+                           headers={"Content-Type": "application/json"})
+        except (httpx.HTTPError, ValueError):  # the next pass publishes again
+            log.debug("publishing a verdict failed", exc_info=True)
 
     def wake_alerts(self) -> None:
         try:
@@ -178,6 +191,8 @@ async def run_worker(settings: Any, server_url: str | None, parent_pid: int | No
                     raise RuntimeError(f"server {server_url} not reachable") from None
                 await asyncio.sleep(0.5)
     loop = DiagnosisLoop(SimpleNamespace(state=state), lease_owner=worker_id())
+    if state.remote is not None:
+        loop.on_result = state.remote.publish
     stop = asyncio.Event()
     aloop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

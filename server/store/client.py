@@ -68,6 +68,11 @@ class Store:
             self._extra.append(client)
         return client
 
+    def sibling(self) -> Store:
+        """A :class:`Store` on its own client (closed with this one): its calls never wait
+        behind this store's (the chdb handle serialises the calls made on it)."""
+        return Store(self.url, self.new_client())
+
     def close(self) -> None:
         with self._lock:
             clients, self._extra = self._extra, []

@@ -16,13 +16,17 @@ from typing import Any
 
 import pyarrow as pa
 from fastapi import APIRouter, HTTPException, Request, Response
-from fleetscope.server.api.deps import StoreDep
+from fleetscope.server.api.deps import DiagnosisStoreDep
+from fleetscope.server.diagnosis.api_support import Verdict, publish
+from fleetscope.server.diagnosis.findings import finding_from_dict, hang_from_dict
 from fleetscope.server.diagnosis.loader import named_queries
 from pydantic import BaseModel, Field
 
 router = APIRouter(tags=["internal"], prefix="/internal/diagnosis")
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _QUERIES = named_queries()
+MAX_FINDINGS = 10_000
+"""The most findings one published verdict carries."""
 
 
 class QueryIn(BaseModel):
@@ -31,7 +35,7 @@ class QueryIn(BaseModel):
 
 
 @router.post("/query", response_class=Response, responses={200: {"content": {ARROW_STREAM: {}}}})
-async def query(body: QueryIn, store: StoreDep) -> Response:
+async def query(body: QueryIn, store: DiagnosisStoreDep) -> Response:
     """Run one named diagnosis query; the rows as an Arrow IPC stream."""
     sql = _QUERIES.get(body.name)
     if sql is None:
@@ -54,6 +58,27 @@ def _arrow(store: Any, sql: str, params: dict[str, Any]) -> pa.Table:
         if str(df[c].dtype) in ("UInt8", "UInt16", "UInt32", "UInt64", "Int8", "Int16", "Int32", "Int64"):
             df[c] = df[c].astype("int64")
     return pa.Table.from_pandas(df, preserve_index=False)
+
+
+class VerdictIn(BaseModel):
+    job: str = Field(max_length=256)
+    computed_ns: int = Field(ge=0)
+    took_s: float = Field(ge=0, le=86400)
+    findings: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_FINDINGS)
+    hang: dict[str, Any]
+
+
+@router.post("/verdict")
+def verdict(body: VerdictIn, request: Request) -> dict[str, int]:
+    """A worker's latest verdict of a job (findings and hang analysis): the API's
+    ``/stragglers`` and ``/hang`` answer it while it is fresh."""
+    try:
+        findings = [finding_from_dict(f) for f in body.findings]
+        hang = hang_from_dict({**body.hang, "job": body.job})
+    except (KeyError, TypeError, ValueError) as e:
+        raise HTTPException(422, detail=f"verdict of job {body.job[:64]!r}: {str(e)[:200]}") from None
+    publish(request.app, Verdict(body.job, body.computed_ns, findings, hang, body.took_s))
+    return {"findings": len(findings)}
 
 
 @router.get("/host-seen")

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fleetscope.server.api.deps import SessionDep, StoreDep
-from fleetscope.server.diagnosis.api_support import StragglersOut, job_diagnosis
+from fleetscope.server.diagnosis.api_support import StragglersOut, latest_verdict
 from fleetscope.server.diagnosis.findings import STRAGGLER_KINDS, finding_to_dict
 
 router = APIRouter(tags=["diagnosis"])
@@ -30,7 +30,7 @@ def stragglers(
         from fastapi import HTTPException
 
         raise HTTPException(422, detail=f"kind {kind!r}: expected one of {KINDS}")
-    d = job_diagnosis(request.app, store, session, job)
+    d = latest_verdict(request.app, store, session, job)
     items = [f for f in d.findings if f.kind in STRAGGLER_KINDS]
     if kind:
         items = [f for f in items if f.kind.value == kind]
