@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import ipaddress
 
+from fleetscope.server.diagnosis.engine import DiagnosisConfig
+from fleetscope.server.diagnosis.hangs import HangConfig
+from fleetscope.server.diagnosis.stragglers import StragglerConfig
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -73,14 +76,14 @@ class Settings(BaseSettings):
     """Seconds between diagnosis passes."""
     diagnosis_max_jobs_per_tick: int = Field(8, ge=1, le=10_000)
     """Active jobs diagnosed per pass (round-robin beyond that)."""
-    diagnosis_window_steps: int = Field(24, ge=8, le=1000)
+    diagnosis_window_steps: int = Field(StragglerConfig.window_steps, ge=8, le=1000)
     """Steps of detailed events each pass loads per job."""
-    hang_min_s: float = Field(30.0, ge=1, le=86_400)
+    hang_min_s: float = Field(HangConfig.hang_min_s, ge=1, le=86_400)
     """A hang needs at least this many seconds without a completed step..."""
-    hang_k: float = Field(5.0, ge=1, le=1000)
+    hang_k: float = Field(HangConfig.hang_k, ge=1, le=1000)
     """...and at least this many times the recent p99 step time (also the multiple of the
     recent p99 job-wide op-completion gap in the op-progress rule)."""
-    hang_op_min_s: float = Field(20.0, ge=1, le=86_400)
+    hang_op_min_s: float = Field(HangConfig.hang_op_min_s, ge=1, le=86_400)
     """Earlier hang rule: no traced op (collective, p2p, section) completed anywhere in the
     job for this many seconds (and hang_k x the recent p99 per-step longest gap) while ranks
     wait in ops. 20 s: the largest floor that still pages within the 30 s target after the
@@ -107,7 +110,7 @@ class Settings(BaseSettings):
     """Jobs one worker diagnoses at once (round-robin over the active jobs)."""
     diagnosis_cache_jobs: int = Field(16, ge=1, le=10_000)
     """Jobs whose per-step reductions a worker keeps between passes (memory bound)."""
-    silent_s: float = Field(20.0, ge=2, le=3600)
+    silent_s: float = Field(DiagnosisConfig.silent_s, ge=2, le=3600)
     """Nothing arrived from a running job (status becomes ``lost``) or from one of its hosts
     (``host_down``) for this many seconds: a ``heartbeat_lost`` incident that pages."""
 

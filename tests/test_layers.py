@@ -23,8 +23,6 @@ ALLOWED: tuple[tuple[str, str, str], ...] = (
     ("server/diagnosis/worker.py", "fleetscope.server.alerts", "worker installs rules (diag)"),
     ("server/diagnosis/selfcheck_alerts.py", "fleetscope.server.alerts",
      "self-check incidents enqueue alerts directly (diag)"),
-    # FastAPI response models inside the diagnosis package; they belong in server/api/.
-    ("server/diagnosis/api_support.py", "fastapi", "API models outside server/api (diag)"),
     # The trainer runs the kernels' preflight self-check before step 0. DESIGN allows
     # trainer -> trainer_hooks, core; either DESIGN adds trainer -> kernels (both are
     # training-side, no cycle) or the launcher injects the check. Owner: stacks (trainer/*).

@@ -105,7 +105,7 @@ def rank_states(
         stuck = row is not None and row["kind"] in ("collective", "p2p", "section") and (
             int(row["ts_ns"]) - int(row["since_ns"]) >= config.min_blocked_s * 1e9)
         if ignore_death:
-            if stuck:
+            if stuck and row is not None:
                 out[r] = RankState(r, str(row["kind"]), str(row["op"]), str(row["group_id"]),
                                    int(row["seq"]), int(row["peer"]), int(row["since_ns"]), host)
             else:
@@ -116,7 +116,7 @@ def rank_states(
             continue
         fresh = row is not None and now_ns - int(row["ts_ns"]) <= config.inflight_stale_s * 1e9
         hb_fresh = h is not None and now_ns - int(h["ts_ns"]) <= config.heartbeat_stale_s * 1e9
-        if fresh and stuck:
+        if fresh and stuck and row is not None:
             out[r] = RankState(r, str(row["kind"]), str(row["op"]), str(row["group_id"]),
                                int(row["seq"]), int(row["peer"]), int(row["since_ns"]), host)
         elif hb_fresh:
@@ -211,12 +211,12 @@ def localise(
                         silent_before_others_s=round((sorted(seen.values())[len(first_dead)] - t_first) / 1e9, 3)
                         if crash else 0.0)
         if last_known:  # the wait-for graph as it was just before the processes went away
-            culprits, cls, gid, chain, ev = localise(topo, last_known, progress)
+            culprits, cls, gid, last_chain, ev = localise(topo, last_known, progress)
             if culprits:
                 if crash and set(culprits) & set(first_dead):
                     culprits = tuple(r for r in culprits if r in first_dead)
                     cls, gid = HangClass.PROCESS_DEAD, ""
-                return culprits, cls, gid, chain, {**ev, **evidence}
+                return culprits, cls, gid, last_chain, {**ev, **evidence}
         return first_dead, HangClass.PROCESS_DEAD, "", (), evidence
     # ranks reachable from the blocked ones
     reach: dict[int, int] = {}
@@ -362,12 +362,12 @@ def analyse_hang(
             # steps than the others (a crash took the job down at once - rank 0's takes the
             # rendezvous store and with it everyone - before its final status record, if
             # any, was written): the culprit is the rank that fell behind
-            behind = _behind(states, rank_last_step)
-            return HangAnalysis(job, True, last_end, stalled_for, 0.0, last_step, behind,
+            laggards = _behind(states, rank_last_step)
+            return HangAnalysis(job, True, last_end, stalled_for, 0.0, last_step, laggards,
                                 HangClass.PROCESS_DEAD, "", (), {
                                     "all_dead": True, "job_failed": job_failed,
                                     "last_step_per_rank": {str(r): v for r, v in sorted(rank_last_step.items())},
-                                    "culprit_hosts": sorted({states[r].host for r in behind if states[r].host})})
+                                    "culprit_hosts": sorted({states[r].host for r in laggards if states[r].host})})
         elif job_failed:
             threshold = 0.0
         elif not any(st.kind in ("collective", "p2p") for st in last_known.values()):

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from fleetscope.server.alerts.outbox import enqueue_incident
 from fleetscope.server.alerts.rules import install_defaults
@@ -57,14 +57,23 @@ MIN_RECHECK_S = 0.25
 on the way is re-checked this often)."""
 
 
-def config_from_settings(settings: Any) -> DiagnosisConfig:
-    """Detector thresholds from the server settings (defaults where a field is absent)."""
-    g = lambda name, default: getattr(settings, name, default)  # noqa: E731
+class DiagnosisSettings(Protocol):
+    """The server settings the detectors read (:class:`fleetscope.server.settings.Settings`)."""
+
+    diagnosis_window_steps: int
+    hang_min_s: float
+    hang_k: float
+    hang_op_min_s: float
+    silent_s: float
+
+
+def config_from_settings(settings: DiagnosisSettings) -> DiagnosisConfig:
+    """Detector thresholds from the server settings (whose defaults are the detectors')."""
     return DiagnosisConfig(
-        stragglers=StragglerConfig(window_steps=int(g("diagnosis_window_steps", 24))),
-        hang=HangConfig(hang_min_s=float(g("hang_min_s", 30.0)), hang_k=float(g("hang_k", 5.0)),
-                        hang_op_min_s=float(g("hang_op_min_s", 20.0))),
-        silent_s=float(g("silent_s", 20.0)),
+        stragglers=StragglerConfig(window_steps=settings.diagnosis_window_steps),
+        hang=HangConfig(hang_min_s=settings.hang_min_s, hang_k=settings.hang_k,
+                        hang_op_min_s=settings.hang_op_min_s),
+        silent_s=settings.silent_s,
     )
 
 
@@ -277,8 +286,8 @@ class DiagnosisLoop(PeriodicAlertingService):
         self._last_tick[info.job] = self.num_ticks
         h = result.hang
         verdict = (h.stalled, h.culprits, h.hang_class, h.group_id)
-        prev, n = self._same_hang.get(info.job, (None, 0))
-        self._same_hang[info.job] = (verdict, n + 1 if verdict == prev else 1)
+        prev_verdict, n = self._same_hang.get(info.job, (None, 0))
+        self._same_hang[info.job] = (verdict, n + 1 if verdict == prev_verdict else 1)
         self._schedule(info.job, result.hang.due_in_s, now_ns)
         with self.app.state.db() as s:
             changes = sync_incidents(s, info.job, result.findings, now_ns, self.resolve_after_s)

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .findings import Finding, FindingKind, Severity
+from .robust import MEDIAN_SE_FACTOR, mad_sigma
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ def change_point(y: np.ndarray, min_segment: int) -> tuple[int, float, float]:
     for k in range(min_segment, n - min_segment + 1):
         a, b = np.median(y[:k]), np.median(y[k:])
         resid = np.concatenate([y[:k] - a, y[k:] - b])
-        sigma = max(1.4826 * float(np.median(np.abs(resid))), 1e-12 * max(abs(a), 1.0))
-        t = abs(a - b) / (1.2533 * sigma * math.sqrt(1 / k + 1 / (n - k)))
+        sigma = max(mad_sigma(resid, 0.0), 1e-12 * max(abs(a), 1.0))
+        t = abs(a - b) / (MEDIAN_SE_FACTOR * sigma * math.sqrt(1 / k + 1 / (n - k)))
         if t > best[1]:
             best = (k, t, float((b - a) / a) if a else 0.0)
     return best

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Final
 
+from .robust import MAD_TO_SIGMA
+
 HIGHER_IS_BETTER: Final = frozenset({"matmul", "membw", "allreduce", "alltoall", "p2p"})
-MAD_TO_SIGMA: Final = 1.4826
-"""MAD x this estimates the standard deviation of normally distributed data."""
 
 
 class SelfcheckKind(str, enum.Enum):

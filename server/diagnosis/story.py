@@ -86,8 +86,8 @@ def fold_secondary(findings: list[Finding], topo: Topology | None = None) -> lis
         if f.kind == FindingKind.MFU_DROP:
             named = set(f.ranks)
             owner = next((p for p in primaries if named & set(p.ranks)), None) or strongest
-            if f.evidence.get("attribution") == "all ranks slowed alike" and hang is None:
-                continue  # nothing singles a rank out: not this straggler's story
+            if owner is None or f.evidence.get("attribution") == "all ranks slowed alike" and hang is None:
+                continue  # no story to join, or nothing singles a rank out: not this straggler's
             attach(owner, f)
         elif f.kind == FindingKind.GC_PAUSE:
             if hang is not None:

@@ -34,6 +34,7 @@ from fleetscope.topology import Topology
 
 from .breakdown import group_transfer
 from .findings import Finding, FindingKind, Severity
+from .robust import MEDIAN_SE_FACTOR, mad_sigma
 from .whatif import StepProfile, rank_stages, whatif
 
 COMPONENT_KIND = {
@@ -182,7 +183,7 @@ def _log_ratio(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
 def _sigma(lr: np.ndarray) -> float:
     med = np.median(lr)
-    return max(1.4826 * float(np.median(np.abs(lr - med))), 1e-3)
+    return max(mad_sigma(lr, med), 1e-3)
 
 
 def detect_stragglers(
@@ -225,7 +226,7 @@ def detect_stragglers(
     lr = _log_ratio(busy, ref)
     sigma = _sigma(lr)
     k = min(config.recent_steps, len(steps))
-    thr = max(math.log1p(config.min_effect), config.z * 1.2533 * sigma / math.sqrt(k))
+    thr = max(math.log1p(config.min_effect), config.z * MEDIAN_SE_FACTOR * sigma / math.sqrt(k))
     persistent, score_busy, run_busy = _scan(lr, sigma, config)
     spike_thr = max(math.log1p(config.spike_min_effect), config.spike_z * sigma)
     spikes = (lr > spike_thr).sum(axis=1)
@@ -369,7 +370,7 @@ def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig) -> tuple[np.nda
     for n in _run_lengths(num_steps, config):
         x = lr[:, -n:]
         med = np.median(x, axis=1)
-        thr = max(floor, config.scan_z * 1.2533 * sigma / math.sqrt(n))
+        thr = max(floor, config.scan_z * MEDIAN_SE_FACTOR * sigma / math.sqrt(n))
         ok = (med > thr) & ((x > thr / 2).mean(axis=1) >= config.persist_frac)
         sc = np.where(ok, med / thr, 0.0)
         for L, e in exceed.items():
@@ -549,7 +550,7 @@ def _slow_links(job, topo, arr, steps, flagged, step_ns, hosts, profile, config)
     sigma = _robust_sigma(np.concatenate(lr_all))  # heavy tails on a loaded host
     for axis, (gids, x, ref, lr, n_ops) in per_axis.items():
         k = min(config.recent_steps, lr.shape[1])
-        thr = max(math.log1p(config.link_min_effect), config.z * 1.2533 * sigma / math.sqrt(k))
+        thr = max(math.log1p(config.link_min_effect), config.z * MEDIAN_SE_FACTOR * sigma / math.sqrt(k))
         top = _top_test(x, {0: list(range(len(gids)))}, config)
         for i, gid in enumerate(gids):
             med = float(np.median(lr[i, -k:]))

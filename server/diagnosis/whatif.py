@@ -18,6 +18,7 @@ link) ran at their peers' median", which is the estimated job slowdown of a stra
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
@@ -272,7 +273,7 @@ def fix_group(p: StepProfile, group_id: str) -> StepProfile:
     return replace(p, link_ns=links)
 
 
-def typical(p: StepProfile, keep_ranks: list[int] = (), keep_groups: list[str] = ()) -> StepProfile:
+def typical(p: StepProfile, keep_ranks: Sequence[int] = (), keep_groups: Sequence[str] = ()) -> StepProfile:
     """The profile with every rank outside ``keep_ranks`` at the median of its stage's
     ranks outside ``keep_ranks``, and every link outside ``keep_groups`` at its axis'
     median: per-rank medians over a few steps still carry noise (one rank a little

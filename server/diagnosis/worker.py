@@ -199,7 +199,7 @@ async def run_worker(settings: Any, server_url: str | None, parent_pid: int | No
         aloop.add_signal_handler(sig, stop.set)
     await loop.start()
     log.info("diagnosis worker %s started (store via %s)", loop.lease_owner,
-             "server " + server_url if isinstance(state.store, RemoteStore) else "its own connection")
+             f"server {server_url}" if isinstance(state.store, RemoteStore) else "its own connection")
     reported = 0
     try:
         while not stop.is_set():

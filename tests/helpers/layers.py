@@ -34,8 +34,8 @@ _D = "fleetscope.server.diagnosis"
 #: core and each other, never the store, the SQL DB or anything doing I/O.
 PURE_DETECTORS: tuple[str, ...] = tuple(
     f"{_D}.{m}"
-    for m in ("breakdown", "findings", "hangs", "health", "mfu", "progress", "story",
-              "stragglers", "whatif")
+    for m in ("breakdown", "findings", "hangs", "health", "mfu", "progress", "robust",
+              "story", "stragglers", "whatif")
 )  # fmt: skip
 
 #: layer (module prefix) -> prefixes it may import, besides its own layer.

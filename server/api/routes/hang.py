@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fleetscope.server.api.deps import SessionDep, StoreDep
-from fleetscope.server.diagnosis.api_support import HangOut, latest_verdict
+from fleetscope.server.api.diagnosis import HangOut, latest_verdict
 from fleetscope.server.diagnosis.findings import hang_to_dict
 
 router = APIRouter(tags=["diagnosis"])

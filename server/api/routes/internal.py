@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 from fastapi import APIRouter, HTTPException, Request, Response
 from fleetscope.server.api.deps import DiagnosisStoreDep
-from fleetscope.server.diagnosis.api_support import Verdict, publish
+from fleetscope.server.api.diagnosis import Verdict, publish
 from fleetscope.server.diagnosis.findings import finding_from_dict, hang_from_dict
 from fleetscope.server.diagnosis.loader import named_queries
 from pydantic import BaseModel, Field

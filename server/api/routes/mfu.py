@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fleetscope.server.api.deps import SessionDep, StoreDep
-from fleetscope.server.diagnosis.api_support import MfuOut, get_job, job_diagnosis
+from fleetscope.server.api.diagnosis import MfuOut, get_job, job_diagnosis
 from fleetscope.server.diagnosis.findings import FindingKind, finding_to_dict
 
 router = APIRouter(tags=["diagnosis"])

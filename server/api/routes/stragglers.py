@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fleetscope.server.api.deps import SessionDep, StoreDep
-from fleetscope.server.diagnosis.api_support import StragglersOut, latest_verdict
+from fleetscope.server.api.diagnosis import StragglersOut, latest_verdict
 from fleetscope.server.diagnosis.findings import STRAGGLER_KINDS, finding_to_dict
 
 router = APIRouter(tags=["diagnosis"])

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fleetscope.server.api.deps import SessionDep, StoreDep
-from fleetscope.server.diagnosis.api_support import WhatIfOut, get_job, job_diagnosis
+from fleetscope.server.api.diagnosis import WhatIfOut, get_job, job_diagnosis
 from fleetscope.server.diagnosis.whatif import whatif as run_whatif
 
 router = APIRouter(tags=["diagnosis"])

@@ -1,7 +1,9 @@
-"""Glue for the RCA routes: pydantic models and cached per-job diagnosis.
+"""Glue for the RCA routes: their pydantic models and the per-job verdict they answer.
 
-Routes call :func:`job_diagnosis`, which reuses the diagnosis loop's latest result
-for the job when it is fresh, else runs one pass on demand.
+``/stragglers`` and ``/hang`` call :func:`latest_verdict` (the diagnosis loop's latest
+verdict, from this process or published by a worker); ``/whatif`` and ``/mfu`` call
+:func:`job_diagnosis`, which reuses the loop's latest result when it is fresh, else runs
+one pass on demand.
 """
 
 from __future__ import annotations
@@ -13,13 +15,12 @@ from typing import Any
 
 from fastapi import HTTPException
 from fleetscope.server.db.models import Job
+from fleetscope.server.diagnosis.engine import JobDiagnosis
+from fleetscope.server.diagnosis.findings import Finding, HangAnalysis
+from fleetscope.server.diagnosis.loop import config_from_settings, diagnose_job, job_info
 from pydantic import BaseModel, ConfigDict, Field
 
-from .engine import JobDiagnosis
-from .findings import Finding, HangAnalysis
-from .loop import config_from_settings, diagnose_job, job_info
-
-FINDING_EXAMPLE = {
+FINDING_EXAMPLE: dict[str, Any] = {
     "kind": "slow_compute", "job": "demo", "ranks": [5], "score": 4.2,
     "summary": "rank 5 (r5 pp1 dp0 tp1): compute 1.50x its stage peers; job ~19% slower", "severity": "warning",
     "hosts": ["node-1"], "group_id": "", "first_step": 10, "last_step": 41, "est_slowdown": 0.19,
