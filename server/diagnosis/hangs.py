@@ -23,6 +23,7 @@ rank that died first and was last seen earliest.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -62,11 +63,39 @@ class HangConfig:
     """Complete steps after the warm-up step needed before op silence is judged."""
 
 
+class RankStateKind(str, enum.Enum):
+    """What a rank was doing when last seen (its in-flight record and heartbeat)."""
+
+    COLLECTIVE = "collective"
+    """Inside a collective op (waiting for its group, or transferring)."""
+    P2P = "p2p"
+    """Inside a point-to-point send/recv."""
+    SECTION = "section"
+    """Inside a timed section (compute, data loading, ...)."""
+    DEAD = "dead"
+    """Its process is gone (the agent saw it exit)."""
+    IDLE = "idle"
+    """Alive (fresh heartbeat) but in no traced op or section."""
+    UNKNOWN = "unknown"
+    """Neither a fresh in-flight record nor a fresh heartbeat."""
+
+    def __str__(self) -> str:  # the value, on every Python (3.11 changed str() of mixins)
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+IN_OP = frozenset({RankStateKind.COLLECTIVE, RankStateKind.P2P})
+"""Rank states that wait on other ranks."""
+TRACED = frozenset({*IN_OP, RankStateKind.SECTION})
+"""Rank states an in-flight record reports."""
+
+
 @dataclass(frozen=True)
 class RankState:
     rank: int
-    kind: str
-    """collective | p2p | section | dead | idle | unknown"""
+    kind: RankStateKind
     op: str = ""
     group_id: str = ""
     seq: int = -1
@@ -102,27 +131,27 @@ def rank_states(
         h = hb.get(r)
         host = str(h["host"]) if h is not None else ""
         row = inf.get(r)
-        stuck = row is not None and row["kind"] in ("collective", "p2p", "section") and (
+        stuck = row is not None and row["kind"] in TRACED and (
             int(row["ts_ns"]) - int(row["since_ns"]) >= config.min_blocked_s * 1e9)
         if ignore_death:
             if stuck and row is not None:
-                out[r] = RankState(r, str(row["kind"]), str(row["op"]), str(row["group_id"]),
+                out[r] = RankState(r, RankStateKind(str(row["kind"])), str(row["op"]), str(row["group_id"]),
                                    int(row["seq"]), int(row["peer"]), int(row["since_ns"]), host)
             else:
-                out[r] = RankState(r, "idle", host=host)
+                out[r] = RankState(r, RankStateKind.IDLE, host=host)
             continue
         if h is not None and not bool(h["alive"]):
-            out[r] = RankState(r, "dead", host=host, since_ns=int(h.get("dead_since_ns", h["ts_ns"])))
+            out[r] = RankState(r, RankStateKind.DEAD, host=host, since_ns=int(h.get("dead_since_ns", h["ts_ns"])))
             continue
         fresh = row is not None and now_ns - int(row["ts_ns"]) <= config.inflight_stale_s * 1e9
         hb_fresh = h is not None and now_ns - int(h["ts_ns"]) <= config.heartbeat_stale_s * 1e9
         if fresh and stuck and row is not None:
-            out[r] = RankState(r, str(row["kind"]), str(row["op"]), str(row["group_id"]),
+            out[r] = RankState(r, RankStateKind(str(row["kind"])), str(row["op"]), str(row["group_id"]),
                                int(row["seq"]), int(row["peer"]), int(row["since_ns"]), host)
         elif hb_fresh:
-            out[r] = RankState(r, "idle", host=host)
+            out[r] = RankState(r, RankStateKind.IDLE, host=host)
         else:
-            out[r] = RankState(r, "unknown", host=host)
+            out[r] = RankState(r, RankStateKind.UNKNOWN, host=host)
     return out
 
 
@@ -147,23 +176,23 @@ def wait_for_graph(
             last_seq[(int(r), str(g))] = int(s)
     edges: dict[int, list[tuple[int, str]]] = {}
     for r, st in states.items():
-        if st.kind == "collective" and st.group_id:
+        if st.kind == RankStateKind.COLLECTIVE and st.group_id:
             try:
                 members = topo.parse_group_id(st.group_id)[1]
             except ValueError:
                 continue
             for q in members:
                 qs = states.get(q)
-                if q == r or (qs and qs.kind == "collective" and qs.group_id == st.group_id and qs.seq == st.seq):
+                if q == r or (qs and qs.kind == RankStateKind.COLLECTIVE and qs.group_id == st.group_id and qs.seq == st.seq):
                     continue
                 if last_seq.get((q, st.group_id), -1) >= st.seq >= 0:
                     continue
                 where = _where(qs)
                 edges.setdefault(r, []).append((q, f"{st.op} {st.group_id}#{st.seq}: rank {q} never arrived ({where})"))
-        elif st.kind == "p2p" and 0 <= st.peer < topo.world_size:
+        elif st.kind == RankStateKind.P2P and 0 <= st.peer < topo.world_size:
             qs = states.get(st.peer)
             want = "recv" if st.op in ("send", "isend") else "send"
-            if qs and qs.kind == "p2p" and qs.peer == r and qs.op.lstrip("i") == want:
+            if qs and qs.kind == RankStateKind.P2P and qs.peer == r and qs.op.lstrip("i") == want:
                 continue
             edges.setdefault(r, []).append((st.peer, f"{st.op} with rank {st.peer} ({_where(qs)})"))
     return edges
@@ -172,9 +201,9 @@ def wait_for_graph(
 def _where(s: RankState | None) -> str:
     if s is None:
         return "no data"
-    if s.kind in ("collective", "p2p"):
+    if s.kind in IN_OP:
         return f"in {s.op} {s.group_id}#{s.seq}" + (f" peer {s.peer}" if s.peer >= 0 else "")
-    if s.kind == "section":
+    if s.kind == RankStateKind.SECTION:
         return f"in section {s.op}"
     return s.kind
 
@@ -190,8 +219,8 @@ def localise(
     was killed): the graph just before the end still points at the culprit.
     """
     edges = wait_for_graph(topo, states, progress)
-    blocked = [r for r, s in states.items() if s.kind in ("collective", "p2p")]
-    dead = [r for r, s in states.items() if s.kind == "dead"]
+    blocked = [r for r, s in states.items() if s.kind in IN_OP]
+    dead = [r for r, s in states.items() if s.kind == RankStateKind.DEAD]
     evidence: dict = {
         "blocked_ranks": sorted(blocked),
         "dead_ranks": sorted(dead),
@@ -242,24 +271,24 @@ def localise(
     roots.sort(key=lambda r: (-waiters[r], r))
     top = states[roots[0]]
     group_id = ""
-    if top.kind in ("collective", "p2p"):
+    if top.kind in IN_OP:
         group_id = top.group_id
         members = [r for r in roots if states[r].kind == top.kind and states[r].group_id == group_id]
         ops = {states[r].op.lstrip("i") for r in members}
         cls = HangClass.COLLECTIVE_FAULT
-        if top.kind == "collective" and len(ops) > 1:
+        if top.kind == RankStateKind.COLLECTIVE and len(ops) > 1:
             cls = HangClass.COLLECTIVE_MISMATCH
         culprits = tuple(sorted(members, key=lambda r: (-waiters[r], r)))
         evidence["group_ops"] = {str(r): states[r].op for r in members}
     else:
         cls = {
-            "dead": HangClass.PROCESS_DEAD,
-            "unknown": HangClass.UNRESPONSIVE,
-            "idle": HangClass.STUCK_OUTSIDE_TRACED_CODE,
+            RankStateKind.DEAD: HangClass.PROCESS_DEAD,
+            RankStateKind.UNKNOWN: HangClass.UNRESPONSIVE,
+            RankStateKind.IDLE: HangClass.STUCK_OUTSIDE_TRACED_CODE,
         }.get(top.kind)
-        if top.kind == "section":
+        if top.kind == RankStateKind.SECTION:
             cls = HangClass.DATALOADER_STALL if "data" in top.op or "loader" in top.op else HangClass.STUCK_IN_COMPUTE
-        culprits = tuple(r for r in roots if states[r].kind not in ("collective", "p2p")
+        culprits = tuple(r for r in roots if states[r].kind not in IN_OP
                          and waiters[r] >= 0.5 * waiters[roots[0]])
         evidence["other_roots"] = [r for r in roots if r not in culprits]
     evidence["num_waiting_on_culprit"] = {str(r): waiters[r] for r in culprits}
@@ -351,7 +380,7 @@ def analyse_hang(
     stalled_for = (now_ns - last_end) / 1e9 if last_end > 0 else 0.0
     states = rank_states(topo, inflight, heartbeats, now_ns, config)
     last_known = rank_states(topo, inflight, heartbeats, now_ns, config, ignore_death=True)
-    if all(st.kind == "dead" for st in states.values()):
+    if all(st.kind == RankStateKind.DEAD for st in states.values()):
         died = sorted(st.since_ns for st in states.values())
         seen = sorted((last_seen or {}).get(r) or st.since_ns for r, st in states.items())
         went_first = len(died) > 1 and (died[1] - died[0] >= DEATH_GAP_NS or seen[1] - seen[0] > CRASH_GAP_NS)
@@ -370,7 +399,7 @@ def analyse_hang(
                                     "culprit_hosts": sorted({states[r].host for r in laggards if states[r].host})})
         elif job_failed:
             threshold = 0.0
-        elif not any(st.kind in ("collective", "p2p") for st in last_known.values()):
+        elif not any(st.kind in IN_OP for st in last_known.values()):
             # every process exited together and nobody was blocked: the job ended (its
             # final status record may still be on its way)
             return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step)
