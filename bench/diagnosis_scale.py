@@ -101,14 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="write the table as JSON")
     args = ap.parse_args(argv)
 
-    from fleetscope.server.diagnosis import rollups
-    from fleetscope.server.diagnosis.engine import JobInfo, diagnose, diagnose_hang
-    from fleetscope.server.diagnosis.loader import load_job_frames, load_reduced_frames
-    from fleetscope.server.diagnosis.synthetic import SynthJob
-    from fleetscope.server.store import Store
-
-    from fleetscope.topology import Topology
-
     sizes = [int(x) for x in args.sizes.split(",")]
     bad = [n for n in sizes if n not in TOPOLOGIES]
     if bad:
@@ -116,102 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at start: {os.getloadavg()}", flush=True)
     rows, ok = [], True
     for n in sizes:
-        dp, tp, pp = TOPOLOGIES[n]
-        topo = Topology(dp=dp, tp=tp, pp=pp)
-        tmp = Path(tempfile.mkdtemp(prefix=f"fs-scale-{n}-"))
-        try:
-            t0 = time.perf_counter()
-            copies = REPLICATED.get(n, 1)
-            base = Topology(dp=dp // copies, tp=tp, pp=pp)
-            job = SynthJob(topo=base, num_steps=args.steps, num_mb=4, job=f"scale{n}",
-                           compute_factor=lambda r, s: 1.3 if r == 5 and s >= 8 else 1.0)
-            f = job.build()
-            if copies > 1:
-                f = replicate_dp(f, dp // copies, tp, pp, copies)
-            gen_s = time.perf_counter() - t0
-            raw_rows = int(sum(len(f[k]) for k in ("sections", "collectives")))
-            store = Store.open(f"chdb://{tmp / 'store'}", ttl_days=0)
-
-            def insert(lo: int, hi: int, f: dict = f) -> None:
-                for t in ("sections", "collectives", "steps"):
-                    df = f[t][(f[t]["step"] >= lo) & (f[t]["step"] <= hi)]
-                    for i in range(0, len(df), 1_000_000):
-                        store.insert_arrow(t, pa.Table.from_pandas(df.iloc[i:i + 1_000_000], preserve_index=False))
-
-            info = JobInfo(job=job.job, topology=topo, num_microbatches=4)
-            now = int(f["steps"]["end_ns"].max()) + 10**9
-            row: dict = {"ranks": n, "raw_rows_window": raw_rows, "generate_s": round(gen_s, 1)}
-            print(f"[{n} ranks] generated {raw_rows:,} raw rows in {gen_s:.1f}s; load {os.getloadavg()[0]:.1f}",
-                  flush=True)
-            # steady state: the cache holds the window, then each pass sees one new step arrive
-            held = args.repeat
-            insert(0, args.steps - 1 - held)
-            live = rollups.StepCache()
-            load_reduced_frames(store, job.job, now, live, n, 4)
-            times = []
-            for k in range(held):
-                s_new = args.steps - held + k
-                insert(s_new, s_new)
-                t0 = time.perf_counter()
-                fr = load_reduced_frames(store, job.job, now, live, n, 4)
-                diagnose(info, fr, now)
-                times.append(time.perf_counter() - t0)
-            row["store_after_new_step"] = min(times)
-            before = None
-            if not args.skip_before:
-                from fleetscope.server.diagnosis.loader import JobFrames
-
-                frames = JobFrames(0, args.steps - 1, f["steps"], f["sections"], f["collectives"],
-                                   f["steps"].groupby("step", as_index=False).agg(duration_ns=("duration_ns", "max"),
-                                                                                 end_ns=("end_ns", "max")),
-                                   *[__import__("pandas").DataFrame()] * 3, {}, *[__import__("pandas").DataFrame()] * 2)
-                before, row["pure_before"] = best(lambda: diagnose(info, frames, now), args.repeat)
-                del frames
-                (fr, d), row["store_before"] = best(
-                    lambda: (lambda fr: (fr, diagnose(info, fr, now)))(load_job_frames(store, job.job, now)),
-                    args.repeat)
-                row["rows_moved_before"] = int(len(fr.sections) + len(fr.collectives) + len(fr.steps))
-                del fr
-            del f
-
-            def cold():
-                fr = load_reduced_frames(store, job.job, now, rollups.StepCache(), n, 4)
-                return fr, diagnose(info, fr, now)
-
-            # a cold pass reduces the whole window (minutes at 12,288 ranks on 2 CPUs): once is enough
-            (fr, after), row["store_after_cold"] = best(cold, 1 if n >= 4096 else args.repeat)
-            cache = live  # warm: holds every step of the window
-
-            def warm():
-                fr = load_reduced_frames(store, job.job, now, cache, n, 4)
-                return fr, diagnose(info, fr, now)
-
-            (fr, after), row["store_after"] = best(warm, args.repeat)
-            _, row["pure_after"] = best(lambda: diagnose(info, fr, now), args.repeat)
-
-            def hang():
-                h = load_reduced_frames(store, job.job, now, cache, n, 4, hardware=False, hang_only=True)
-                return diagnose_hang(info, h, now)
-
-            _, row["hang_after"] = best(hang, args.repeat)
-            red = fr.reduced
-            row["rows_moved_after"] = int(len(red.breakdown) + len(red.groups) + len(fr.steps) + len(fr.inflight)
-                                          + len(fr.heartbeats) + len(fr.progress))
-            row["cache_mb"] = round(cache.nbytes() / 2**20, 1)
-            sig_after = sorted((x.kind.value, x.ranks, x.group_id) for x in after.findings)
-            row["findings_after"] = [f"{k}:{list(r)}{':' + g if g else ''}" for k, r, g in sig_after]
-            if before is not None:
-                sig_before = sorted((x.kind.value, x.ranks, x.group_id) for x in before.findings)
-                row["same_findings"] = sig_before == sig_after
-                ok &= sig_before == sig_after
-            store.close()
-            if args.remote:
-                row.update(remote_passes(tmp, job.job, info, now, n, args.repeat))
-            row["load_avg_1m"] = round(os.getloadavg()[0], 1)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        row, same = measure(n, args)
+        ok &= same
+        rows.append(row)
     cols = ["ranks", "raw_rows_window", "pure_before", "store_before", "store_after_cold", "store_after_new_step",
             "store_after",
             "pure_after", "hang_after", "remote_after", "remote_hang", "rows_moved_before", "rows_moved_after",
@@ -223,6 +122,116 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0 if ok else 1
+
+
+
+def measure(n: int, args: argparse.Namespace) -> tuple[dict, bool]:
+    """One world size: its row of the table, and whether the old and new paths agree."""
+    from fleetscope.server.diagnosis import rollups
+    from fleetscope.server.diagnosis.engine import JobInfo, diagnose, diagnose_hang
+    from fleetscope.server.diagnosis.loader import load_job_frames, load_reduced_frames
+    from fleetscope.server.diagnosis.synthetic import SynthJob
+    from fleetscope.server.store import Store
+
+    from fleetscope.topology import Topology
+
+    same = True
+    dp, tp, pp = TOPOLOGIES[n]
+    topo = Topology(dp=dp, tp=tp, pp=pp)
+    tmp = Path(tempfile.mkdtemp(prefix=f"fs-scale-{n}-"))
+    try:
+        t0 = time.perf_counter()
+        copies = REPLICATED.get(n, 1)
+        base = Topology(dp=dp // copies, tp=tp, pp=pp)
+        job = SynthJob(topo=base, num_steps=args.steps, num_mb=4, job=f"scale{n}",
+                       compute_factor=lambda r, s: 1.3 if r == 5 and s >= 8 else 1.0)
+        f = job.build()
+        if copies > 1:
+            f = replicate_dp(f, dp // copies, tp, pp, copies)
+        gen_s = time.perf_counter() - t0
+        raw_rows = int(sum(len(f[k]) for k in ("sections", "collectives")))
+        store = Store.open(f"chdb://{tmp / 'store'}", ttl_days=0)
+
+        def insert(lo: int, hi: int, f: dict = f) -> None:
+            for t in ("sections", "collectives", "steps"):
+                df = f[t][(f[t]["step"] >= lo) & (f[t]["step"] <= hi)]
+                for i in range(0, len(df), 1_000_000):
+                    store.insert_arrow(t, pa.Table.from_pandas(df.iloc[i:i + 1_000_000], preserve_index=False))
+
+        info = JobInfo(job=job.job, topology=topo, num_microbatches=4)
+        now = int(f["steps"]["end_ns"].max()) + 10**9
+        row: dict = {"ranks": n, "raw_rows_window": raw_rows, "generate_s": round(gen_s, 1)}
+        print(f"[{n} ranks] generated {raw_rows:,} raw rows in {gen_s:.1f}s; load {os.getloadavg()[0]:.1f}",
+              flush=True)
+        # steady state: the cache holds the window, then each pass sees one new step arrive
+        held = args.repeat
+        insert(0, args.steps - 1 - held)
+        live = rollups.StepCache()
+        load_reduced_frames(store, job.job, now, live, n, 4)
+        times = []
+        for k in range(held):
+            s_new = args.steps - held + k
+            insert(s_new, s_new)
+            t0 = time.perf_counter()
+            fr = load_reduced_frames(store, job.job, now, live, n, 4)
+            diagnose(info, fr, now)
+            times.append(time.perf_counter() - t0)
+        row["store_after_new_step"] = min(times)
+        before = None
+        if not args.skip_before:
+            from fleetscope.server.diagnosis.loader import JobFrames
+
+            frames = JobFrames(0, args.steps - 1, f["steps"], f["sections"], f["collectives"],
+                               f["steps"].groupby("step", as_index=False).agg(duration_ns=("duration_ns", "max"),
+                                                                             end_ns=("end_ns", "max")),
+                               *[__import__("pandas").DataFrame()] * 3, {}, *[__import__("pandas").DataFrame()] * 2)
+            before, row["pure_before"] = best(lambda: diagnose(info, frames, now), args.repeat)
+            del frames
+            (fr, d), row["store_before"] = best(
+                lambda: (lambda fr: (fr, diagnose(info, fr, now)))(load_job_frames(store, job.job, now)),
+                args.repeat)
+            row["rows_moved_before"] = int(len(fr.sections) + len(fr.collectives) + len(fr.steps))
+            del fr
+        del f
+
+        def cold():
+            fr = load_reduced_frames(store, job.job, now, rollups.StepCache(), n, 4)
+            return fr, diagnose(info, fr, now)
+
+        # a cold pass reduces the whole window (minutes at 12,288 ranks on 2 CPUs): once is enough
+        (fr, after), row["store_after_cold"] = best(cold, 1 if n >= 4096 else args.repeat)
+        cache = live  # warm: holds every step of the window
+
+        def warm():
+            fr = load_reduced_frames(store, job.job, now, cache, n, 4)
+            return fr, diagnose(info, fr, now)
+
+        (fr, after), row["store_after"] = best(warm, args.repeat)
+        _, row["pure_after"] = best(lambda: diagnose(info, fr, now), args.repeat)
+
+        def hang():
+            h = load_reduced_frames(store, job.job, now, cache, n, 4, hardware=False, hang_only=True)
+            return diagnose_hang(info, h, now)
+
+        _, row["hang_after"] = best(hang, args.repeat)
+        red = fr.reduced
+        row["rows_moved_after"] = int(len(red.breakdown) + len(red.groups) + len(fr.steps) + len(fr.inflight)
+                                      + len(fr.heartbeats) + len(fr.progress))
+        row["cache_mb"] = round(cache.nbytes() / 2**20, 1)
+        sig_after = sorted((x.kind.value, x.ranks, x.group_id) for x in after.findings)
+        row["findings_after"] = [f"{k}:{list(r)}{':' + g if g else ''}" for k, r, g in sig_after]
+        if before is not None:
+            sig_before = sorted((x.kind.value, x.ranks, x.group_id) for x in before.findings)
+            row["same_findings"] = sig_before == sig_after
+            same = sig_before == sig_after
+        store.close()
+        if args.remote:
+            row.update(remote_passes(tmp, job.job, info, now, n, args.repeat))
+        row["load_avg_1m"] = round(os.getloadavg()[0], 1)
+        print(json.dumps(row), flush=True)
+        return row, same
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _fmt(v) -> str:

@@ -407,7 +407,8 @@ def decode_batch(data: bytes, limits: Limits | None = None) -> dict[str, pa.Tabl
     lim = limits or DEFAULT_LIMITS
     budget = _Budget(lim)
     view = memoryview(data)
-    pos, out = 0, {}
+    pos = 0
+    out: dict[str, pa.Table] = {}
     frame = 0
     while pos < len(view):
         if len(view) - pos < 8 or bytes(view[pos : pos + 4]) != FRAME_MAGIC:

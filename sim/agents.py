@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import httpx
+import numpy as np
 import pyarrow as pa
 from fleetscope.agent.clock import ClockSync
 from fleetscope.agent.transport import Transport
@@ -105,7 +106,7 @@ class SimAgents:
         return "fsim1-" + digest[:40]
 
     # ------------------------------------------------------------------ submit
-    def ship(self, data: dict[str, tuple[pa.Table, object]]) -> int:
+    def ship(self, data: dict[str, tuple[pa.Table, np.ndarray]]) -> int:
         """Cut one batch per host from ``take()``'s tables; returns rows queued."""
         if not data:
             return 0

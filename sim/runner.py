@@ -320,7 +320,8 @@ def run(cfg: SimConfig, stop: threading.Event | None = None) -> dict[str, Any]:
             "post_s_p50": float(np.percentile(post, 50)), "post_s_p99": float(np.percentile(post, 99)),
             "clock_offset_ns": agents.clock.estimate.offset_ns,
         }
-        progress.update(steps_done, gen_rate, ack_rate, float(lag_arr[-1]), *agents.backlog(),
+        n_unacked, age = agents.backlog()
+        progress.update(steps_done, gen_rate, ack_rate, float(lag_arr[-1]), n_unacked, age,
                         agents.throttled, final=True)
         agents.close()
         truth.write(summary)

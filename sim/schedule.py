@@ -171,7 +171,7 @@ class _Acc:
             return {k: np.empty(0, dtype=dtypes[k]) for k in self.names}
         lens = [np.size(c[0]) for c in self.chunks]
         for i, k in enumerate(self.names):
-            parts = []
+            parts: list[np.ndarray] = []
             for c, n in zip(self.chunks, lens):
                 v = c[i]
                 parts.append(np.full(n, v, dtype=dtypes[k]) if np.ndim(v) == 0
@@ -182,13 +182,14 @@ class _Acc:
 
 _COLL = ("rank", "step", "microbatch", "gidx", "axis", "group_rank", "group_size", "seq", "op",
          "bytes", "dtype", "peer", "enq", "done")
-_COLL_T = {"rank": np.int32, "step": np.int64, "microbatch": np.int32, "gidx": np.int32,
-           "axis": np.int8, "group_rank": np.int32, "group_size": np.int32, "seq": np.int64,
-           "op": np.int8, "bytes": np.int64, "dtype": np.int8, "peer": np.int32,
-           "enq": np.float64, "done": np.float64}
+_COLL_T: dict[str, type] = {
+    "rank": np.int32, "step": np.int64, "microbatch": np.int32, "gidx": np.int32,
+    "axis": np.int8, "group_rank": np.int32, "group_size": np.int32, "seq": np.int64,
+    "op": np.int8, "bytes": np.int64, "dtype": np.int8, "peer": np.int32,
+    "enq": np.float64, "done": np.float64}
 _SEC = ("rank", "step", "microbatch", "name", "start", "end")
-_SEC_T = {"rank": np.int32, "step": np.int64, "microbatch": np.int32, "name": np.int8,
-          "start": np.float64, "end": np.float64}
+_SEC_T: dict[str, type] = {"rank": np.int32, "step": np.int64, "microbatch": np.int32,
+                           "name": np.int8, "start": np.float64, "end": np.float64}
 
 
 class StepModel:
@@ -383,8 +384,9 @@ class StepModel:
         sec = {k: v[keep] for k, v in sec.items()}
         end = clock
         fin = np.isfinite(end).ravel()
-        steps = {"rank": ro.ravel()[fin], "step": np.full(int(fin.sum()), step, dtype=np.int64),
-                 "start": start.ravel()[fin], "end": end.ravel()[fin]}
+        steps: dict[str, np.ndarray] = {
+            "rank": ro.ravel()[fin], "step": np.full(int(fin.sum()), step, dtype=np.int64),
+            "start": start.ravel()[fin], "end": end.ravel()[fin]}
         inflight, blocked = self._inflight(step, start, end, dead, sec, col)
         end = end + pt["gap"] * self._jit((D, P, T))
         return StepOut(step, sec, col, steps, inflight, end, blocked)

@@ -58,17 +58,21 @@ class PipeContext:
             dist.send(grad.contiguous(), dst=self.prev_rank, group=self.group)
 
     def send_forward_recv_backward(self, y: torch.Tensor) -> torch.Tensor | None:
-        if self.last:
+        peer = self.next_rank
+        if peer is None:  # the last stage
             return None
         buf = self._buf()
-        self._exchange(y.detach().contiguous(), buf, self.next_rank)
+        self._exchange(y.detach().contiguous(), buf, peer)
         return buf
 
     def send_backward_recv_forward(self, grad: torch.Tensor | None) -> torch.Tensor | None:
-        if self.first:
+        peer = self.prev_rank
+        if peer is None:  # the first stage
             return None
+        # a later stage's input is received with requires_grad, so its backward yields a grad
+        assert grad is not None, "send_backward_recv_forward: no input grad on a later stage"
         buf = self._buf()
-        self._exchange(grad.contiguous(), buf, self.prev_rank)
+        self._exchange(grad.contiguous(), buf, peer)
         return buf.requires_grad_()
 
     def _exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int) -> None:

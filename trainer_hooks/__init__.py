@@ -21,7 +21,7 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-from typing import Any
+from typing import Any, Literal
 
 from fleetscope.trainer_hooks import collectives, state
 from fleetscope.trainer_hooks.control import LEVELS, SECTIONS, STEPS, control_path, level_index
@@ -185,7 +185,7 @@ class _Section:
         rec.overhead_ns += t0 - t_in
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> Literal[False]:
         rec = self.rec
         if rec is None:
             return False
@@ -245,7 +245,7 @@ class _StepScope:
     def __enter__(self) -> _StepScope:
         return self
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> bool:
+    def __exit__(self, exc_type: Any, *exc: Any) -> Literal[False]:
         rec = state.recorder
         if rec is not None:
             if exc_type is None:

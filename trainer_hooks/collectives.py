@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 from fleetscope.trainer_hooks import state
@@ -209,7 +210,8 @@ class TracedWork(_work_base()):  # type: ignore[misc]
 
     def __init__(self, work: Any, rec: Recorder, ops: list[Op]) -> None:
         super().__init__()
-        self._work, self._rec, self._ops = work, rec, ops
+        self._work, self._rec = work, rec
+        self._ops: Sequence[Op] = ops  # () once recorded
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         rec, ops = self._rec, self._ops
@@ -475,6 +477,8 @@ class _Traced:
 
     ``torch.distributed.P2POp`` checks ``op in [isend, irecv]`` against the originals.
     """
+
+    __wrapped__: Any  # set by ``functools.update_wrapper``
 
     def __init__(self, wrapper: Any, fn: Any, name: str) -> None:
         self._call = wrapper

@@ -21,13 +21,16 @@ proxies step aside (compiled graphs call the ops from C++; see the README).
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fleetscope.trainer_hooks import state
 from fleetscope.trainer_hooks.collectives import GroupInfo, Op, group_info
 from fleetscope.trainer_hooks.control import FULL
 from fleetscope.trainer_hooks.pg_tracing import number, payload
 from fleetscope.trainer_hooks.recorder import Recorder, perf_ns
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import GroupName
 
 NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 OPS: dict[str, str] = {
@@ -64,7 +67,8 @@ def _group(rec: Recorder, arg: Any) -> GroupInfo:
         if g is None:
             from torch.distributed.distributed_c10d import _resolve_process_group
 
-            g = rec.groups[arg] = group_info(rec, _resolve_process_group(arg))
+            # the op's schema passes group names as plain str; torch types them GroupName
+            g = rec.groups[arg] = group_info(rec, _resolve_process_group(cast("GroupName", arg)))
         return g
     return group_info(rec, arg)
 

@@ -91,7 +91,6 @@ def number(g: GroupInfo, opname: str, peer: int) -> int:
 
 def _traced_method(method: str, fn: Any) -> Any:
     opname, data_at, peer_at = PG_METHODS[method]
-    p2p = peer_at is not None
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = state.recorder
@@ -103,7 +102,7 @@ def _traced_method(method: str, fn: Any) -> Any:
             if g is None:
                 g = group_info(rec, self)
             peer = -2  # a collective
-            if p2p:
+            if peer_at is not None:  # a p2p op
                 peer = -1
                 if peer_at >= 0 and len(args) > peer_at:
                     gp = int(args[peer_at])

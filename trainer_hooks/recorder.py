@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter, sub
 from typing import Any
@@ -345,13 +346,14 @@ class Recorder:
         if steps:
             self._extend("steps", tuple(zip(*steps)))
         if secs:
-            _, names, kinds, steps, mbs, t0s, t1s, _, _ = zip(*secs)
+            _, names, kinds, sec_steps, mbs, t0s, t1s, _, _ = zip(*secs)
             self._extend("sections", (
-                steps, mbs, names, kinds, list(map(epoch, t0s)), list(map(epoch, t1s)),
+                sec_steps, mbs, names, kinds, list(map(epoch, t0s)), list(map(epoch, t1s)),
                 list(map(sub, t1s, t0s)), [-1] * len(secs)))
         if colls:
-            _, names, groups, seqs, steps, mbs, nbytes, dtypes, peers, t_enq, t_done, states = (
-                zip(*colls))
+            states: Sequence[Any]  # a tuple from zip, or a list if some did not complete
+            (_, names, groups, seqs, coll_steps, mbs, nbytes, dtypes, peers, t_enq, t_done,
+             states) = zip(*colls)
             gids, axes, granks, gsizes = zip(*map(_GROUP_ROW, groups))
             enq = list(map(epoch, t_enq))
             if min(t_done) >= 0:  # all returned (the usual case)
@@ -362,7 +364,7 @@ class Recorder:
                 states = [s if t >= 0 or s != "completed" else "started"
                           for s, t in zip(states, t_done)]
             self._extend("collectives", (
-                steps, mbs, gids, axes, granks, gsizes, seqs, names, nbytes, dtypes, peers,
+                coll_steps, mbs, gids, axes, granks, gsizes, seqs, names, nbytes, dtypes, peers,
                 states, enq, enq, done, took))
         late = []
         for item in one_by_one:
@@ -400,7 +402,7 @@ class Recorder:
     def _append(self, record_type: str, values: tuple) -> None:
         """Add one row (values in ``_NAMES[record_type]`` order)."""
         batch = self.rows.get(record_type)
-        if batch.__class__ is Columns:
+        if batch is not None and batch.__class__ is Columns:
             batch.append(values)
         else:  # first row of this flush, or rows kept as dicts: one row as columns of one
             self._extend(record_type, tuple((v,) for v in values))

@@ -103,6 +103,8 @@ def build_grid(
     xs, ys = x0 + dp, y0 + tp
     z = np.full((panels.height, panels.width), np.nan)
     z[ys[ok], xs[ok]] = score[ok]
+    z_out = z.astype(object)  # Python floats; None (JSON null) for gaps
+    z_out[np.isnan(z)] = None
     custom = np.full((panels.height, panels.width), None, dtype=object)
     for i in np.flatnonzero(ok).tolist():
         custom[ys[i], xs[i]] = [int(rank[i]), int(stage[i]), int(dp[i]) * bucket, int(tp[i])]
@@ -112,7 +114,7 @@ def build_grid(
     dp_text = "dp%{customdata[2]}" + (f" (+{bucket - 1}: worst of {bucket} replicas)" if bucket > 1 else "")
     small = panels.n_dp <= 16 and panels.tp <= 16
     traces: list[dict[str, Any]] = [{
-        "type": "heatmap", "name": "ranks", "z": np.where(np.isnan(z), None, z.astype(object)).tolist(),
+        "type": "heatmap", "name": "ranks", "z": z_out.tolist(),
         "customdata": custom.tolist(), "hoverongaps": False,
         "hovertemplate": f"rank %{{customdata[0]}} · pp%{{customdata[1]}} {dp_text} tp%{{customdata[3]}}"
                          f"<br>{label}: %{{z:.2f}}<extra></extra>",
@@ -127,7 +129,7 @@ def build_grid(
     meta = grid_meta(data, len(traces))
     wanted = set(int(r) for r in culprits) | set(int(r) for r in data.get("culprits") or [])
     traces += grid_culprit_traces(meta, sorted(wanted))
-    layout = {
+    layout: dict[str, Any] = {
         "xaxis": {"title": {"text": "dp" if bucket == 1 else f"dp (buckets of {bucket} replicas)"},
                   "tickangle": 0, "showgrid": False, "zeroline": False, "range": [-0.5, panels.width - 0.5],
                   **_ticks(panels, "x", bucket)},

@@ -9,7 +9,9 @@ expire. The same statements work on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, String, delete, update
+from typing import cast
+
+from sqlalchemy import BigInteger, CursorResult, String, delete, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
@@ -27,12 +29,13 @@ class DiagnosisLease(Base):
 def claim(session: Session, job: str, owner: str, now_ns: int, ttl_s: float) -> bool:
     """Take or renew ``job``'s lease for ``owner``; False when another owner holds it."""
     until = now_ns + int(ttl_s * 1e9)
-    res = session.execute(
+    # an UPDATE's result is a CursorResult (rowcount); Session.execute is typed as Result
+    res = cast(CursorResult, session.execute(
         update(DiagnosisLease)
         .where(DiagnosisLease.job == job)
         .where((DiagnosisLease.owner == owner) | (DiagnosisLease.expires_ns < now_ns))
         .values(owner=owner, expires_ns=until)
-    )
+    ))
     if res.rowcount:
         session.commit()
         return True
@@ -50,6 +53,8 @@ def claim(session: Session, job: str, owner: str, now_ns: int, ttl_s: float) -> 
 
 def release_all(session: Session, owner: str) -> int:
     """Give up every lease of ``owner`` (a worker stopping)."""
-    n = session.execute(delete(DiagnosisLease).where(DiagnosisLease.owner == owner)).rowcount
+    res = cast(CursorResult, session.execute(
+        delete(DiagnosisLease).where(DiagnosisLease.owner == owner)))
+    n = res.rowcount
     session.commit()
     return int(n or 0)

@@ -211,6 +211,8 @@ def grid_payload(
     worst = np.zeros(cells.max() + 1, dtype=np.int8)
     np.maximum.at(worst, cell, sev)
     rep_score = score[rep]
+    score_out = rep_score.astype(object)  # Python floats; None (JSON null) where unknown
+    score_out[np.isnan(rep_score)] = None
     counts = np.bincount(sev, minlength=len(STATES))
     top = sorted(details.items(), key=lambda kv: (-SEVERITY[kv[1]["state"]], -(kv[1]["score"] or 0)))
     return {
@@ -225,7 +227,7 @@ def grid_payload(
             "dp": (dp[rep] // dp_bucket).tolist(),
             "tp": tp[rep].tolist(),
             "rank": rep.tolist(),
-            "score": np.where(np.isnan(rep_score), None, rep_score.astype(object)).tolist(),
+            "score": score_out.tolist(),
             "state": np.array(STATES, dtype=object)[worst[cells]].tolist(),
         },
         "state_counts": {name: int(c) for name, c in zip(STATES, counts) if c},

@@ -86,9 +86,11 @@ def cell_matrix(
         z[r[ok], c[ok]] = np.round(cells["value"].to_numpy(dtype=float)[ok], 3)
         worst[r[ok], c[ok]] = cells["worst_rank"].to_numpy(dtype=np.int64)[ok]
     empty = np.isnan(z)
-    z_out = np.where(empty, None, z).tolist()
-    rank_out = np.where(empty, None, worst.astype(object)).tolist()
-    return z_out, rank_out
+    z_obj = z.astype(object)  # Python floats; None (JSON null) where empty
+    z_obj[empty] = None
+    rank_obj = worst.astype(object)
+    rank_obj[empty] = None
+    return z_obj.tolist(), rank_obj.tolist()
 
 
 SCALE_PERCENTILES = (2.0, 98.0)
