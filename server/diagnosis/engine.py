@@ -142,7 +142,8 @@ def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
     :func:`.hangs.keep_culprits`)."""
     topo = info.topology
     if info.status not in ("running", "failed", "lost"):
-        return HangAnalysis(info.job, False, 0, 0.0, config.hang.hang_min_s, frames.last_step), []
+        return HangAnalysis(job=info.job, stalled=False, stalled_since_ns=0, stalled_for_s=0.0,
+                            threshold_s=config.hang.hang_min_s, last_step=frames.last_step), []
     rank_last = ({int(r): int(v) for r, v in frames.steps.groupby("rank")["step"].max().items()}
                  if not frames.steps.empty else {})
     hc = config.hang

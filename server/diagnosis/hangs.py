@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -208,10 +209,23 @@ def _where(s: RankState | None) -> str:
     return s.kind
 
 
+class Localised(NamedTuple):
+    """Where a hang is: what :func:`localise` finds."""
+
+    culprits: tuple[int, ...]
+    """The ranks to look at, most waited-on first."""
+    hang_class: HangClass | None
+    group_id: str
+    """The process group the culprits are stuck in ("" outside one)."""
+    chain: tuple[tuple[int, int, str], ...]
+    """Wait-for edges ``(waiter, waited_for, reason)`` leading to the culprits."""
+    evidence: dict[str, Any]
+
+
 def localise(
     topo: Topology, states: dict[int, RankState], progress: pd.DataFrame,
     last_seen: dict[int, int] | None = None, last_known: dict[int, RankState] | None = None,
-) -> tuple[tuple[int, ...], HangClass | None, str, tuple[tuple[int, int, str], ...], dict]:
+) -> Localised:
     """Culprit ranks (most waited-on first), class, group, wait-for chain and evidence.
 
     ``last_known`` are the ranks' states from their latest in-flight records however old,
@@ -245,8 +259,8 @@ def localise(
                 if crash and set(culprits) & set(first_dead):
                     culprits = tuple(r for r in culprits if r in first_dead)
                     cls, gid = HangClass.PROCESS_DEAD, ""
-                return culprits, cls, gid, last_chain, {**ev, **evidence}
-        return first_dead, HangClass.PROCESS_DEAD, "", (), evidence
+                return Localised(culprits, cls, gid, last_chain, {**ev, **evidence})
+        return Localised(first_dead, HangClass.PROCESS_DEAD, "", (), evidence)
     # ranks reachable from the blocked ones
     reach: dict[int, int] = {}
     chain: list[tuple[int, int, str]] = []
@@ -263,9 +277,9 @@ def localise(
     roots = [r for r in seen_nodes if not edges.get(r)]
     if not roots and seen_nodes:  # ranks wait on each other in a cycle: collective desync
         cyc = sorted(r for r in seen_nodes if edges.get(r))
-        return tuple(cyc), HangClass.COLLECTIVE_MISMATCH, "", tuple(chain), evidence
+        return Localised(tuple(cyc), HangClass.COLLECTIVE_MISMATCH, "", tuple(chain), evidence)
     if not roots:
-        return (), None, "", (), evidence
+        return Localised((), None, "", (), evidence)
     # upstream count: how many ranks (transitively) wait on each root
     waiters = {r: _count_upstream(r, edges) for r in roots}
     roots.sort(key=lambda r: (-waiters[r], r))
@@ -292,7 +306,7 @@ def localise(
                          and waiters[r] >= 0.5 * waiters[roots[0]])
         evidence["other_roots"] = [r for r in roots if r not in culprits]
     evidence["num_waiting_on_culprit"] = {str(r): waiters[r] for r in culprits}
-    return culprits, cls, group_id, tuple(_chain_to(chain, set(culprits))), evidence
+    return Localised(culprits, cls, group_id, tuple(_chain_to(chain, set(culprits))), evidence)
 
 
 def _count_upstream(root: int, edges: dict[int, list[tuple[int, str]]]) -> int:
@@ -392,8 +406,9 @@ def analyse_hang(
             # rendezvous store and with it everyone - before its final status record, if
             # any, was written): the culprit is the rank that fell behind
             laggards = _behind(states, rank_last_step)
-            return HangAnalysis(job, True, last_end, stalled_for, 0.0, last_step, laggards,
-                                HangClass.PROCESS_DEAD, "", (), {
+            return HangAnalysis(job=job, stalled=True, stalled_since_ns=last_end, stalled_for_s=stalled_for,
+                                threshold_s=0.0, last_step=last_step, culprits=laggards,
+                                hang_class=HangClass.PROCESS_DEAD, evidence={
                                     "all_dead": True, "job_failed": job_failed,
                                     "last_step_per_rank": {str(r): v for r, v in sorted(rank_last_step.items())},
                                     "culprit_hosts": sorted({states[r].host for r in laggards if states[r].host})})
@@ -402,7 +417,7 @@ def analyse_hang(
         elif not any(st.kind in IN_OP for st in last_known.values()):
             # every process exited together and nobody was blocked: the job ended (its
             # final status record may still be on its way)
-            return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step)
+            return _not_stalled(job, last_end, stalled_for, threshold, last_step)
     dead_for = _dead_for_s(topo, heartbeats, now_ns)
     if dead_for >= config.dead_rank_min_s:  # a rank process is gone: no step can complete
         threshold = min(threshold, config.dead_rank_min_s)
@@ -415,14 +430,13 @@ def analyse_hang(
         # or the agents' heartbeats report steps the store does not hold yet (an agent
         # behind on its spool): a step missing from the store proves nothing. Heartbeat
         # loss is reported by its own detector; the stall is judged again as data arrives.
-        return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step)
+        return _not_stalled(job, last_end, stalled_for, threshold, last_step)
     if stalled_for < threshold and not (op is not None and op.stalled):
         due = [threshold - stalled_for] if last_end > 0 else []
         op_due = op.due_in_s() if op is not None else None
         if op_due is not None:
             due.append(op_due)
-        return HangAnalysis(job, False, last_end, stalled_for, threshold, last_step,
-                            due_in_s=min(due) if due else None)
+        return _not_stalled(job, last_end, stalled_for, threshold, last_step, min(due) if due else None)
     culprits, cls, gid, chain, ev = localise(topo, states, progress, last_seen, last_known)
     ev["culprit_hosts"] = sorted({states[r].host for r in culprits if states[r].host})
     detected_by = "step_stall"
@@ -434,8 +448,15 @@ def analyse_hang(
     if op is not None:
         ev["op_progress"] = op.evidence()
     ev["detected_by"] = detected_by
-    return HangAnalysis(job, True, last_end, stalled_for, threshold, last_step, culprits, cls,
-                        gid, chain, ev)
+    return HangAnalysis(job=job, stalled=True, stalled_since_ns=last_end, stalled_for_s=stalled_for,
+                        threshold_s=threshold, last_step=last_step, culprits=culprits, hang_class=cls,
+                        group_id=gid, chain=chain, evidence=ev)
+
+
+def _not_stalled(job: str, last_end: int, stalled_for: float, threshold: float, last_step: int,
+                 due_in_s: float | None = None) -> HangAnalysis:
+    return HangAnalysis(job=job, stalled=False, stalled_since_ns=last_end, stalled_for_s=stalled_for,
+                        threshold_s=threshold, last_step=last_step, due_in_s=due_in_s)
 
 
 def _behind(states: dict[int, RankState], rank_last_step: dict[int, int]) -> tuple[int, ...]:
