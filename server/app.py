@@ -2,7 +2,7 @@
 
 ``create_app(settings)`` builds the app; its lifespan opens the ClickHouse store
 (running migrations), opens the control-plane DB (running Alembic), starts the ingest
-writer and then every service factory in :data:`fleetscope.server.services.SERVICES`.
+writer and then every service factory in :func:`fleetscope.server.services.service_factories`.
 
 Routes are found, not listed: every module in ``fleetscope.server.api.routes`` that
 defines ``router`` (an ``APIRouter``) is included under ``/api/v1``; one that also
@@ -247,7 +247,7 @@ def _mount_ui(app: FastAPI, settings: Settings) -> None:
 async def _startup(app: FastAPI, settings: Settings) -> None:
     from fleetscope.collector.writer import IngestWriter
     from fleetscope.server.db import open_db
-    from fleetscope.server.services import SERVICES
+    from fleetscope.server.services import service_factories
     from fleetscope.server.store import Store
 
     store = await asyncio.to_thread(Store.open, settings.store_url, settings.ttl_days)
@@ -267,7 +267,7 @@ async def _startup(app: FastAPI, settings: Settings) -> None:
     await collector.start()
     app.state.collector = collector
     services: list[Any] = []
-    for factory in SERVICES:
+    for factory in service_factories():
         service = factory(app)
         await service.start()
         services.append(service)

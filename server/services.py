@@ -1,10 +1,11 @@
-"""Background services started by the app's lifespan.
+"""Background services started by the app's lifespan, wired here explicitly.
 
-Each entry of :data:`SERVICES` is a factory ``callable(app) -> service`` where the
-service has ``async start()`` and ``async stop()``. The lifespan calls the factories
-after the store, the control-plane DB and the ingest writer are up (so ``app.state``
-is complete), starts the services in list order and stops them in reverse order.
-Components append one line each, e.g. ``SERVICES.append(diagnosis_loop)``.
+:func:`service_factories` lists the factories ``callable(app) -> service`` in start
+order; a service has ``async start()`` and ``async stop()``. The lifespan calls the
+factories after the store, the control-plane DB and the ingest writer are up (so
+``app.state`` is complete), starts the services in that order and stops them in
+reverse. A new service is one more line in the list (nothing registers itself on
+import).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ class Service(Protocol):
     async def stop(self) -> None: ...
 
 
-SERVICES: list[Callable[[Any], Service]] = []
+def service_factories() -> list[Callable[[Any], Service]]:
+    """The server's background services, in start order: the alert dispatcher first (the
+    diagnosis loop wakes it), then the diagnosis loop (in this process, a worker process,
+    or none: see ``diagnosis_worker``), then the self-check alerts."""
+    from fleetscope.server.alerts.service import alert_dispatcher
+    from fleetscope.server.diagnosis.loop import diagnosis_loop
+    from fleetscope.server.diagnosis.selfcheck_alerts import selfcheck_alerts
 
-from fleetscope.server.alerts.service import alert_dispatcher  # noqa: E402
-from fleetscope.server.diagnosis.loop import diagnosis_loop  # noqa: E402
-from fleetscope.server.diagnosis.selfcheck_alerts import selfcheck_alerts  # noqa: E402
-
-SERVICES.append(alert_dispatcher)
-SERVICES.append(diagnosis_loop)
-SERVICES.append(selfcheck_alerts)
+    return [alert_dispatcher, diagnosis_loop, selfcheck_alerts]

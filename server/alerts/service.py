@@ -1,4 +1,4 @@
-"""Service factory of the alert dispatcher for :data:`fleetscope.server.services.SERVICES`."""
+"""Service factory of the alert dispatcher for :func:`fleetscope.server.services.service_factories`."""
 
 from __future__ import annotations
 

@@ -361,7 +361,7 @@ class DiagnosisLoop(PeriodicAlertingService):
 
 
 def diagnosis_loop(app: Any) -> Any:
-    """Service factory for :data:`fleetscope.server.services.SERVICES`: the diagnosis
+    """Service factory for :func:`fleetscope.server.services.service_factories`: the diagnosis
     worker process (``diagnosis_worker=process``, the default), the loop in this process
     (``thread``), or nothing (``off``: workers run elsewhere, ``fleetscope worker``)."""
     from fleetscope.server.alerts.service import DisabledService

@@ -1,6 +1,6 @@
 """Self-check findings -> incidents -> alerts, through the existing rules and outbox.
 
-A background service (one line in :data:`fleetscope.server.services.SERVICES`) scores
+A background service (one line in :func:`fleetscope.server.services.service_factories`) scores
 the fleet's recent ``probes`` records every ``selfcheck_tick_s`` seconds
 (:func:`fleetscope.server.diagnosis.selfcheck.score_probes`) and hands the findings to
 the same incident and alert machinery as the job detectors:
@@ -85,7 +85,7 @@ class SelfcheckAlerts(PeriodicAlertingService):
 
 
 def selfcheck_alerts(app: Any) -> Any:
-    """Service factory for :data:`fleetscope.server.services.SERVICES`."""
+    """Service factory for :func:`fleetscope.server.services.service_factories`."""
     if not getattr(app.state.settings, "diagnosis_enabled", True):
         from fleetscope.server.alerts.service import DisabledService
 
