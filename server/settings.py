@@ -86,11 +86,9 @@ class Settings(BaseSettings):
     hang_op_min_s: float = Field(HangConfig.hang_op_min_s, ge=1, le=86_400)
     """Earlier hang rule: no traced op (collective, p2p, section) completed anywhere in the
     job for this many seconds (and hang_k x the recent p99 per-step longest gap) while ranks
-    wait in ops. 20 s: the largest floor that still pages within the 30 s target after the
-    ops still completing past the onset and the pipeline (hook flush, agent batch, store,
-    1 s certification margin, diagnosis pass, webhook): 5-8 s in bench/diagnosis.py at load
-    average 13-19 on 2 cores. Jobs with rarer traced-op-free phases longer than this (e.g. a
-    checkpoint save behind a barrier) should raise it."""
+    wait in ops. The default is the largest floor that still pages within the 30 s target
+    (why, and the pipeline's share of it: docs/diagnosis.md). Jobs with rarer traced-op-free
+    phases longer than this (e.g. a checkpoint save behind a barrier) should raise it."""
     incident_resolve_s: float = Field(20.0, ge=0, le=86_400)
     """An incident not detected for this long is resolved."""
     selfcheck_tick_s: float = Field(15.0, ge=0.1, le=3600)
