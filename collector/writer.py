@@ -69,6 +69,7 @@ from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from fleetscope.server.store.ddl import BATCH_COLUMN, BATCHES_TABLE
 
 from .jobs_sync import upsert_jobs
@@ -95,6 +96,9 @@ class PoisonBatch(WriteError):
 class KeyConflict(Exception):
     """The Idempotency-Key was already used by this host for different content (409)."""
 
+
+MAX_JOBS_SEEN: Final = 10_000
+"""Jobs whose latest arrival the writer remembers (the least recent are forgotten)."""
 
 SEP: Final = "\x1f"
 """Separator of the parts of a stored batch id (cannot occur in a key or host header)."""
@@ -192,6 +196,9 @@ class IngestWriter:
         self.host_seen_ns: dict[str, int] = {}
         """host -> server time of the latest batch received from it (its agent is alive
         and shipping, however far behind its records are)."""
+        self.job_seen_ns: dict[str, int] = {}
+        """job -> server time of the latest batch holding its rows (the job still reports,
+        however far behind its records' own times are; at most ``MAX_JOBS_SEEN`` jobs)."""
         self.stats: dict[str, float] = {
             "batches": 0, "rows": 0, "inserts": 0, "duplicates": 0, "rejected_429": 0,
             "groups": 0, "write_s": 0.0, "lookup_s": 0.0, "insert_s": 0.0,
@@ -229,6 +236,21 @@ class IngestWriter:
             await self._task
         self._executor.shutdown(wait=True)
         self._insert_pool.shutdown(wait=True)
+
+    def note_arrival(self, host: str, tables: dict[str, pa.Table], now_ns: int) -> None:
+        """A batch with rows arrived from ``host``: when it (and each job in it) last did."""
+        if host:
+            self.host_seen_ns[host] = now_ns
+        jobs: set[str] = set()
+        for t in tables.values():
+            if t.num_rows and "job" in t.column_names:
+                jobs.update(str(j) for j in pc.unique(t.column("job")).to_pylist() if j is not None)
+        seen = self.job_seen_ns
+        for job in jobs:
+            seen.pop(job, None)  # the most recent last: the oldest go first when full
+            seen[job] = now_ns
+        while len(seen) > MAX_JOBS_SEEN:
+            seen.pop(next(iter(seen)))
 
     @property
     def queued_rows(self) -> int:

@@ -40,8 +40,9 @@ def post(api: str, host: str, records: dict[str, list[dict]], key: str) -> None:
 class Feeder:
     """One agent per host: every 0.5 s its ranks' step markers, in-flight rows and heartbeats."""
 
-    def __init__(self, api: str, job: str, hosts: dict[str, list[int]]) -> None:
+    def __init__(self, api: str, job: str, hosts: dict[str, list[int]], lag_s: float = 0.0) -> None:
         self.api, self.job, self.hosts = api, job, hosts
+        self.lag_ns = int(lag_s * 1e9)  # records this much older than when they are sent
         self.live = set(hosts)
         self.step = 0
         self._stop = threading.Event()
@@ -57,7 +58,7 @@ class Feeder:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            t = time.time_ns()
+            t = time.time_ns() - self.lag_ns
             for host in sorted(self.live):
                 ranks = self.hosts[host]
                 recs = {
@@ -111,6 +112,20 @@ def test_host_down_then_job_silent_then_recovers(tmp_path):
             assert ev["first_silent_ranks"] == [2, 3] and ev["last_seen_ranks"] == [0, 1], ev
             feeder.live.update({"ha", "hb"})  # telemetry resumes
             wait_for(lambda: job_status(api, "quiet") == "running", 30, "status running again")
+        finally:
+            feeder.stop()
+
+
+def test_a_job_whose_records_arrive_late_is_not_silent(tmp_path):
+    """Ingest running behind (a loaded server at scale): every record is older than
+    silent_s when it arrives, but the job's batches keep arriving, so it is not silent."""
+    with running_server(tmp_path, diagnosis_tick_s=0.5, silent_s=SILENT_S) as url:
+        api = url.api
+        feeder = Feeder(api, "behind", {"ha": [0, 1], "hb": [2, 3]}, lag_s=3 * SILENT_S).start()
+        try:
+            time.sleep(4 * SILENT_S)
+            assert not [i for i in incidents(api, "behind") if i["kind"] == "heartbeat_lost"]
+            assert job_status(api, "behind") == "running"
         finally:
             feeder.stop()
 

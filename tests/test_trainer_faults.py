@@ -108,14 +108,14 @@ def test_straggler_sections_take_about_factor_times_longer(slow_job):
 
     dur = {(s["rank"], s["name"], s["step"], s["microbatch"]): own(s)
            for s in slow_job["sections"] if s["step"] >= 1}
-    ratios = [d / ((dur[(6, name, st, mb)] + dur[(7, name, st, mb)]) / 2)
-              for (rank, name, st, mb), d in dur.items()
-              if rank == 5 and name in ("forward", "backward")]
-    assert len(ratios) == 2 * 4 * 2
-    # factor 3 of own work, not of waiting (that made it 5-8x on a loaded machine); 5 steps
-    # on 2 shared CPUs leave about +-40% of noise, more while the suite runs other jobs
-    # beside it (5.2 seen once in a full run)
-    assert 2.0 < statistics.median(ratios) < 5.5
+    keys = [k for k in dur if k[0] == 5 and k[1] in ("forward", "backward")]
+    assert len(keys) == 2 * 4 * 2
+    # factor 3 of own work summed over the steps (the injector carries a sleep's wake-up
+    # lateness into the next sections, so single sections vary while their sum holds), not
+    # of waiting (that made it 5-8x on a loaded machine); 2 shared CPUs leave about +-40%
+    mine = sum(dur[k] for k in keys)
+    peers = sum((dur[(6, *k[1:])] + dur[(7, *k[1:])]) / 2 for k in keys)
+    assert 2.0 < mine / peers < 4.5, mine / peers
 
 
 def test_gc_pauses_hit_the_chosen_rank_every_n_steps(slow_job):

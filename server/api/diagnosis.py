@@ -226,7 +226,8 @@ def _pass(app: Any, store: Any, row: Job, previous: JobDiagnosis | None) -> JobD
     # an on-demand pass keeps the hang culprits the loop named (what the incident says)
     return diagnose_job(store, job_info(row), time.time_ns(), config_from_settings(app.state.settings),
                         dict(getattr(collector, "host_seen_ns", None) or {}),
-                        previous=previous.hang if previous is not None else None)
+                        previous=previous.hang if previous is not None else None,
+                        job_seen_ns=int((getattr(collector, "job_seen_ns", None) or {}).get(row.id, 0)))
 
 
 @dataclass

@@ -196,7 +196,9 @@ def detect_silence(job: str, frames, now_ns: int, silent_s: float,
     seen = {int(r): int(t) for r, t in (frames.last_seen or {}).items() if t > 0}
     rank_step = ({int(r): int(s) for r, s in frames.steps.groupby("rank")["step"].max().items()}
                  if not frames.steps.empty else {})
-    newest = max(job_last.values())
+    # the job's own records' times, or when a batch of its rows last arrived: with ingest
+    # running behind, records keep arriving although their own times are old
+    newest = max(max(job_last.values()), int(getattr(frames, "job_seen_ns", 0) or 0))
     quiet_s = (now_ns - newest) / 1e9
     if quiet_s >= silent_s:
         order = sorted(seen, key=lambda r: (seen[r], r))

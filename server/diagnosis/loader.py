@@ -151,6 +151,8 @@ class JobFrames:
     host_seen_ns: dict[str, int] = field(default_factory=dict)
     """Host -> server time of the latest batch its agent delivered (filled by the server's
     diagnosis loop; empty after a restart until the agents send again)."""
+    job_seen_ns: int = 0
+    """When the server last received a batch holding this job's rows (0: unknown)."""
     reduced: rollups.Reduced | None = None
     """The window reduced by ClickHouse (:func:`load_reduced_frames`); then ``sections`` and
     ``collectives`` are empty and ``steps`` holds one row per rank (its newest step)."""

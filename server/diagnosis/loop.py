@@ -87,13 +87,14 @@ def job_info(row: Job) -> JobInfo:
 
 def diagnose_job(store: Any, info: JobInfo, now_ns: int, config: DiagnosisConfig,
                  host_seen_ns: dict[str, int] | None = None, cache: StepCache | None = None,
-                 previous: Any = None) -> JobDiagnosis:
+                 previous: Any = None, job_seen_ns: int = 0) -> JobDiagnosis:
     """Load one job's window, reduced by the store (:mod:`.rollups`), and run every detector
     (``previous``: the job's previous hang analysis, for culprit stickiness)."""
     frames = load_reduced_frames(store, info.job, now_ns, cache if cache is not None else _DEFAULT_CACHE,
                                  info.topology.world_size, info.num_microbatches,
                                  window_steps=config.stragglers.window_steps)
     frames.host_seen_ns = dict(host_seen_ns or {})
+    frames.job_seen_ns = job_seen_ns
     return diagnose(info, frames, now_ns, config, previous)
 
 
@@ -280,7 +281,7 @@ class DiagnosisLoop(PeriodicAlertingService):
         info = job_info(row)
         prev = self.latest.get(info.job)
         result = diagnose_job(self.app.state.store, info, now_ns, self.config, self._host_seen(),
-                              self.cache, prev.hang if prev is not None else None)
+                              self.cache, prev.hang if prev is not None else None, self._job_seen(info.job))
         self.latest[info.job] = result
         self._set_lost(row, result.findings)
         self._last_tick[info.job] = self.num_ticks
@@ -313,6 +314,7 @@ class DiagnosisLoop(PeriodicAlertingService):
                                      info.num_microbatches, window_steps=self.config.stragglers.window_steps,
                                      hardware=False, hang_only=True)
         frames.host_seen_ns = self._host_seen()
+        frames.job_seen_ns = self._job_seen(info.job)
         cached = self.latest.get(info.job)
         hang, findings = diagnose_hang(info, frames, now_ns, self.config,
                                        cached.hang if cached is not None else None)
@@ -346,6 +348,11 @@ class DiagnosisLoop(PeriodicAlertingService):
         """Host -> when the server last received a batch from its agent (proof of life)."""
         collector = getattr(self.app.state, "collector", None)
         return dict(getattr(collector, "host_seen_ns", None) or {})
+
+    def _job_seen(self, job: str) -> int:
+        """When the server last received a batch holding ``job``'s rows (0: unknown)."""
+        collector = getattr(self.app.state, "collector", None)
+        return int((getattr(collector, "job_seen_ns", None) or {}).get(job, 0))
 
     def _schedule(self, job: str, due_in_s: float | None, now_ns: int) -> None:
         if due_in_s is None:

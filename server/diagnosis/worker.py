@@ -80,6 +80,11 @@ class RemoteStore:
         r.raise_for_status()
         return {str(k): int(v) for k, v in r.json().items()}
 
+    def job_seen(self) -> dict[str, int]:
+        r = self.http.get(f"{self.base}/job-seen")
+        r.raise_for_status()
+        return {str(k): int(v) for k, v in r.json().items()}
+
     def report_passes(self, worker: str, passes: dict[str, Any]) -> None:
         """Hand this worker's pass times to the server (its GET /metrics exports them)."""
         body = {"worker": worker, "passes": {k: [float(x) for x in v] for k, v in passes.items()}}
@@ -122,24 +127,32 @@ def _jsonable(params: dict[str, Any]) -> dict[str, Any]:
 
 
 class _RemoteCollector:
-    """``host_seen_ns`` of the server's collector, read at most once per second."""
+    """``host_seen_ns`` and ``job_seen_ns`` of the server's collector, each read at most
+    once per second."""
 
     def __init__(self, remote: RemoteStore | None) -> None:
         self.remote = remote
-        self._cache: dict[str, int] = {}
-        self._at = 0.0
+        self._cache: dict[str, dict[str, int]] = {}
+        self._at: dict[str, float] = {}
+
+    def _read(self, what: str) -> dict[str, int]:
+        if self.remote is None:
+            return {}
+        if time.monotonic() - self._at.get(what, 0.0) > 1.0:
+            try:
+                self._cache[what] = self.remote.host_seen() if what == "host" else self.remote.job_seen()
+            except Exception:
+                log.debug("reading %s-seen from the server failed", what, exc_info=True)
+            self._at[what] = time.monotonic()
+        return self._cache.get(what, {})
 
     @property
     def host_seen_ns(self) -> dict[str, int]:
-        if self.remote is None:
-            return {}
-        if time.monotonic() - self._at > 1.0:
-            try:
-                self._cache = self.remote.host_seen()
-            except Exception:
-                log.debug("reading host-seen from the server failed", exc_info=True)
-            self._at = time.monotonic()
-        return self._cache
+        return self._read("host")
+
+    @property
+    def job_seen_ns(self) -> dict[str, int]:
+        return self._read("job")
 
 
 class _RemoteWaker:

@@ -199,8 +199,8 @@ async def _ingest_body(request, collector, settings, key, host, offset, offset_t
         return _error(403, f"{table}.host: this token is limited to hosts {allowed}; the batch has rows "
                       f"for host {hosts[0]!r}" + (f" (and {len(hosts) - 1} other host(s))" if len(hosts) > 1 else ""))
     num_rows = sum(t.num_rows for t in tables.values())
-    if host and num_rows:  # an empty request proves nothing about the host's agent
-        collector.host_seen_ns[host] = time.time_ns()
+    if num_rows:  # an empty request proves nothing about the host's agent or its jobs
+        collector.note_arrival(host, tables, time.time_ns())
     if host and offset_text is not None and num_rows:
         collector.clock_offsets[host] = {"offset_ns": offset, "updated_ns": time.time_ns()}
     try:

@@ -88,6 +88,13 @@ def host_seen(request: Request) -> dict[str, int]:
     return dict(getattr(collector, "host_seen_ns", None) or {})
 
 
+@router.get("/job-seen")
+def job_seen(request: Request) -> dict[str, int]:
+    """Job -> server time (ns) of the latest batch holding its rows."""
+    collector = getattr(request.app.state, "collector", None)
+    return dict(getattr(collector, "job_seen_ns", None) or {})
+
+
 class PassesIn(BaseModel):
     worker: str = Field(description="the reporting worker's id", max_length=200)
     passes: dict[str, list[float]] = Field(
