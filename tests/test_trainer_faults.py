@@ -115,7 +115,34 @@ def test_straggler_sections_take_about_factor_times_longer(slow_job):
     # of waiting (that made it 5-8x on a loaded machine); 2 shared CPUs leave about +-40%
     mine = sum(dur[k] for k in keys)
     peers = sum((dur[(6, *k[1:])] + dur[(7, *k[1:])]) / 2 for k in keys)
-    assert 2.0 < mine / peers < 4.5, mine / peers
+    # one long descheduling of rank 5 (tens of ms, not paid back past the credit cap in
+    # 2 steps of ~20 ms own work) moves this sum: 5.1 was seen once in a full CI run; the
+    # pay-back itself is checked exactly in test_straggler_sleep_pays_back_lateness
+    assert 2.0 < mine / peers < 6.5, mine / peers
+
+
+def test_straggler_sleep_pays_back_lateness(monkeypatch):
+    """Each sleep wakes 7 ms late (an oversubscribed host): the stretches still add up to
+    the asked delay, within one sleep's lateness, instead of 7 ms more per stretch."""
+    from fleetscope.trainer import faults
+
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+        def sleep(self, s: float) -> None:
+            self.now += s + 0.007
+
+    clock = Clock()
+    monkeypatch.setattr(faults, "time", clock)
+    inj = faults.FaultInjector([], rank=0)
+    asked = 0.0
+    for _ in range(200):
+        inj._sleep(0.002)
+        asked += 0.002
+    assert abs(clock.now - asked) <= 0.007 + 1e-9, (clock.now, asked)
 
 
 def test_gc_pauses_hit_the_chosen_rank_every_n_steps(slow_job):
