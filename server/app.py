@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse
 from fleetscope.server.settings import Settings
+from fleetscope.server.state import ServerState
 
 from fleetscope import __version__
 from fleetscope.config import API_PREFIX
@@ -55,9 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
-    app.state.settings = settings
-    app.state.ready = False
-    app.state.services = []
+    ServerState.install(app, settings)
     models = include_routes(app)
     _bounded_integers(app)
     _document_models(app, models)
@@ -283,13 +282,15 @@ async def _shutdown(app: FastAPI) -> None:
             await service.stop()
         except Exception:
             log.exception("stopping service %r failed", service)
-    collector = getattr(app.state, "collector", None)
+    collector = app.state.collector
     if collector is not None:
         await collector.stop()
-    store = getattr(app.state, "store", None)
+    store = app.state.store
     if store is not None:
         store.close()
-    db = getattr(app.state, "db", None)
+    if app.state.diagnosis_store is not None:
+        app.state.diagnosis_store.close()
+    db = app.state.db
     if db is not None:
         db.kw["bind"].dispose()
 

@@ -91,6 +91,7 @@ def run_worker(args: argparse.Namespace) -> int:
     settings = build_settings(ns)
     if args.server is not None and not args.server.startswith(("http://", "https://")):
         raise CliError(f"--server {args.server!r}: expected http(s)://host:port")
+    from fleetscope.server.alerts.outbox import OutboxSink
     from fleetscope.server.diagnosis.worker import run_worker as run
     from fleetscope.server.store.url import parse_store_url
 
@@ -99,7 +100,7 @@ def run_worker(args: argparse.Namespace) -> int:
                        "give --server URL")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(run(settings, args.server, args.parent_pid))
+        asyncio.run(run(settings, args.server, OutboxSink(settings.public_url or ""), args.parent_pid))
     except KeyboardInterrupt:
         pass
     except RuntimeError as e:

@@ -47,6 +47,7 @@ from fleetscope.server.db.diagnosis_models import AlertOutbox, Incident
 from fleetscope.server.db.instrumentation_models import Instrumentation
 from fleetscope.server.db.models import Job
 from fleetscope.server.diagnosis.findings import STRAGGLER_KINDS
+from fleetscope.server.state import server_state
 from fleetscope.server.store import metrics_queries as mq
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -128,10 +129,10 @@ class FleetMetrics:
     def __init__(self, app: Any) -> None:
         self.app = app
         s = app.state.settings
-        self.cache_s = float(getattr(s, "metrics_cache_s", 5.0))
-        self.top_k = int(getattr(s, "metrics_top_k", 5))
-        self.job_window_s = float(getattr(s, "metrics_job_window_s", 3600.0))
-        self.max_jobs = int(getattr(s, "metrics_max_jobs", 200))
+        self.cache_s = float(s.metrics_cache_s)
+        self.top_k = int(s.metrics_top_k)
+        self.job_window_s = float(s.metrics_job_window_s)
+        self.max_jobs = int(s.metrics_max_jobs)
         self._lock = threading.Lock()
         self._cached: list[Metric] = []
         self._cached_at = float("-inf")
@@ -170,7 +171,7 @@ class FleetMetrics:
         return out
 
     def _read_db(self, now_ns: int) -> tuple[list[dict], list[dict], dict[str, int]]:
-        db = getattr(self.app.state, "db", None)
+        db = self.app.state.db
         if db is None:
             return [], [], {}
         since = now_ns - int(self.job_window_s * 1e9)
@@ -243,7 +244,7 @@ class FleetMetrics:
         by_job: dict[str, list[dict]] = {}
         for inc in incidents:
             by_job.setdefault(inc["job"], []).append(inc)
-        store = getattr(self.app.state, "store", None)
+        store = self.app.state.store
         seen = set()
         for j in jobs:
             jid = j["id"]
@@ -351,12 +352,12 @@ class FleetMetrics:
 
     def _server_families(self, outbox: dict[str, int]) -> list[Metric]:
         st = self.app.state
-        w = getattr(st, "collector", None)
-        stats = dict(getattr(w, "stats", None) or {})
+        w = st.collector
+        stats = dict(w.stats) if w is not None else {}
         records = CounterMetricFamily("fleetscope_ingest_records",
                                       "Records written to the store by this process, by record type.",
                                       labels=["type"])
-        for name, n in sorted(dict(getattr(w, "rows_by_table", None) or {}).items()):
+        for name, n in sorted((dict(w.rows_by_table) if w is not None else {}).items()):
             records.add_metric([name], n)
         batches = CounterMetricFamily("fleetscope_ingest_batches", "Ingest batches stored (duplicates included).")
         batches.add_metric([], stats.get("batches", 0))
@@ -368,19 +369,19 @@ class FleetMetrics:
                                        labels=["reason"])
         rejected.add_metric(["queue_full"], stats.get("rejected_429", 0))
         queued = GaugeMetricFamily("fleetscope_ingest_queued_rows", "Rows accepted but not yet stored.")
-        queued.add_metric([], getattr(w, "queued_rows", 0) if w is not None else 0)
+        queued.add_metric([], w.queued_rows if w is not None else 0)
         lag = GaugeMetricFamily("fleetscope_ingest_lag_seconds",
                                 "Accepted-to-stored seconds of the oldest batch of the latest write.")
-        lag.add_metric([], float(getattr(w, "last_lag_s", 0.0) or 0.0))
+        lag.add_metric([], float(w.last_lag_s) if w is not None else 0.0)
         oldest = GaugeMetricFamily("fleetscope_ingest_oldest_queued_seconds",
                                    "Seconds the oldest batch not yet stored has waited.")
-        oldest.add_metric([], float(getattr(w, "oldest_queued_s", 0.0) or 0.0) if w is not None else 0.0)
+        oldest.add_metric([], float(w.oldest_queued_s) if w is not None else 0.0)
         passes = SummaryMetricFamily("fleetscope_diagnosis_pass_seconds",
                                      "Diagnosis and self-check passes of this process and their duration.",
                                      labels=["service", "pass"])
         last_pass = GaugeMetricFamily("fleetscope_diagnosis_last_pass_seconds",
                                       "Duration of the latest pass.", labels=["service", "pass"])
-        for svc in getattr(st, "services", None) or []:
+        for svc in st.services:
             for name, (n, total, latest) in sorted(dict(getattr(svc, "pass_seconds", None) or {}).items()):
                 svc_name = str(getattr(svc, "name", type(svc).__name__))
                 passes.add_metric([svc_name, name], count_value=n, sum_value=total)
@@ -389,7 +390,7 @@ class FleetMetrics:
         # the workers under service "diagnosis-worker" (the last pass: the slowest of the workers'
         # latest), so the series stay fixed however many workers run
         merged: dict[str, list[float]] = {}
-        for report in list(dict(getattr(st, "worker_passes", None) or {}).values()):
+        for report in list(st.worker_passes.values()):
             for name, (n, total, latest) in report.items():
                 acc = merged.setdefault(name, [0, 0.0, 0.0])
                 acc[0] += n
@@ -403,18 +404,15 @@ class FleetMetrics:
                                 "(gave up).", labels=["status"])
         for status in ("pending", "failed"):
             box.add_metric([status], outbox.get(status, 0))
-        d = getattr(st, "alert_dispatcher", None)
+        d = st.alert_dispatcher
         delivered = CounterMetricFamily("fleetscope_alert_deliveries", "Webhook payloads delivered (2xx).")
-        delivered.add_metric([], getattr(d, "num_delivered", 0))
+        delivered.add_metric([], d.num_delivered if d is not None else 0)
         failures = CounterMetricFamily("fleetscope_alert_delivery_failures",
                                        "Webhook delivery attempts that failed (error or non-2xx answer).")
-        failures.add_metric([], getattr(d, "num_failed_attempts", 0))
+        failures.add_metric([], d.num_failed_attempts if d is not None else 0)
         return [records, batches, dups, rejected, queued, lag, oldest, passes, last_pass, box, delivered, failures]
 
 
 def fleet_metrics(app: Any) -> FleetMetrics:
     """The app's :class:`FleetMetrics` (made on first use)."""
-    m = getattr(app.state, "fleet_metrics", None)
-    if m is None:
-        m = app.state.fleet_metrics = FleetMetrics(app)
-    return m
+    return server_state(app).fleet_metrics

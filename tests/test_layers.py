@@ -12,21 +12,9 @@ from pathlib import Path
 
 from tests.helpers.layers import LAYERS, REPO, Violation, check_tree, layer_of, package_dirs
 
-# Known violations, each in a file another engineer is still editing this session (so it
-# cannot be fixed here without a merge conflict). (file, imported module prefix, reason).
-# Fix the import, then delete its line: a line that no longer matches is reported.
+# Deliberate exceptions: (file, imported module prefix, reason). A line that no longer
+# matches an import is reported, so delete it once the import is gone.
 ALLOWED: tuple[tuple[str, str, str], ...] = (
-    # diagnosis -> alerts: the loop enqueues alerts and installs the default rules itself.
-    # Fix: the app factory / worker passes an `on_incident` callback (the alerts outbox)
-    # into the loop, so diagnosis only opens incidents. Owner: diag (server/diagnosis/*).
-    ("server/diagnosis/loop.py", "fleetscope.server.alerts", "loop enqueues alerts (diag)"),
-    ("server/diagnosis/worker.py", "fleetscope.server.alerts", "worker installs rules (diag)"),
-    ("server/diagnosis/selfcheck_alerts.py", "fleetscope.server.alerts",
-     "self-check incidents enqueue alerts directly (diag)"),
-    # The trainer runs the kernels' preflight self-check before step 0. DESIGN allows
-    # trainer -> trainer_hooks, core; either DESIGN adds trainer -> kernels (both are
-    # training-side, no cycle) or the launcher injects the check. Owner: stacks (trainer/*).
-    ("trainer/train.py", "fleetscope.kernels", "preflight self-check before step 0 (stacks)"),
     # Design exception, not a to-do: `fleetscope server` serves the dashboard at /ui, and
     # the app factory is the one composition point (DESIGN: "only the app factory wires").
     # The import is lazy and optional (no dashboard extra -> no /ui); the dashboard itself

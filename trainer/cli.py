@@ -94,6 +94,7 @@ def build_config(args: argparse.Namespace) -> Any:
     from fleetscope.trainer.config import ModelConfig, TrainConfig
     from fleetscope.trainer.faults import parse_fault
 
+    from fleetscope import components
     from fleetscope.cli import CliError
     from fleetscope.config import DEFAULT_SPOOL_DIR
     from fleetscope.topology import Topology
@@ -118,6 +119,10 @@ def build_config(args: argparse.Namespace) -> Any:
             preflight=args.preflight,
         )
         cfg.check()
+        if cfg.preflight:  # say so now, not from every rank after the job started
+            components.resolve(components.PREFLIGHT)
+    except components.ComponentMissing as e:
+        raise CliError(f"--preflight: {e}; install fleetscope with its self-check kernels") from None
     except ValueError as e:
         raise CliError(str(e)) from None
     return cfg

@@ -25,6 +25,7 @@ from fleetscope.trainer.process_groups import build_groups
 from fleetscope.trainer.tensor_parallel import TPContext
 from fleetscope.trainer_hooks import state as hook_state
 
+from fleetscope import components
 from fleetscope import trainer_hooks as hooks
 from fleetscope.topology import Topology
 
@@ -90,9 +91,8 @@ def run_rank(cfg: TrainConfig, rank: int, world_size: int, local_rank: int | Non
     try:
         if rank == 0:
             _emit_job(cfg, device, "running")
-        if cfg.preflight:  # self-check on every rank before step 0 (fleetscope.kernels)
-            from fleetscope.kernels.preflight import check_before_training
-
+        if cfg.preflight:  # self-check on every rank before step 0 (the kernels component)
+            check_before_training = components.resolve(components.PREFLIGHT)
             check_before_training(job=cfg.job, device=str(device),
                                   emit=lambda rec: hooks.emit("probes", **rec))
         _train(cfg, rank, topo, groups, faults, device, result)

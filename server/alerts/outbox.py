@@ -29,7 +29,22 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from .payload import group_key_of, incident_alert
-from .rules import rule_matches, webhook_accepts
+from .rules import install_defaults, rule_matches, webhook_accepts
+
+
+class OutboxSink:
+    """The diagnosis services' incident sink (:class:`fleetscope.server.diagnosis.incidents.
+    IncidentSink`): installs the default rules and queues each changed incident's alerts,
+    with links to ``base_url`` (the server's public URL, may be empty)."""
+
+    def __init__(self, base_url: str = "") -> None:
+        self.base_url = base_url
+
+    def install(self, session: Session) -> None:
+        install_defaults(session)
+
+    def notify(self, session: Session, incident: Incident, now_ns: int) -> int:
+        return enqueue_incident(session, incident, now_ns, self.base_url)
 
 
 def enqueue_incident(session: Session, inc: Incident, now_ns: int, base_url: str = "") -> int:

@@ -86,7 +86,7 @@ _LOCK = threading.Lock()
 
 def box_for(settings: Any) -> SecretBox:
     """The :class:`SecretBox` of a server's settings (one per key, created once)."""
-    key = getattr(settings, "webhook_secret_key", None)
+    key = settings.webhook_secret_key
     material = key.get_secret_value() if key is not None else ""
     path = "" if material else str(DEFAULT_KEY_FILE.resolve())
     with _LOCK:

@@ -1,4 +1,4 @@
-"""Service factory of the alert dispatcher for :func:`fleetscope.server.services.service_factories`."""
+"""The alert dispatcher built from the app's settings (wired by :mod:`fleetscope.server.services`)."""
 
 from __future__ import annotations
 
@@ -14,29 +14,10 @@ def build_dispatcher(app: Any) -> AlertDispatcher:
     s = app.state.settings
     return AlertDispatcher(
         app.state.db,
-        poll_s=float(getattr(s, "alert_poll_s", 1.0)),
-        retry_base_s=float(getattr(s, "alert_retry_base_s", 1.0)),
-        retry_max_s=float(getattr(s, "alert_retry_max_s", 300.0)),
-        external_url=str(getattr(s, "public_url", "") or ""),
-        guard=WebhookGuard(str(getattr(s, "webhook_allow", "") or "")),
+        retry_base_s=float(s.alert_retry_base_s),
+        retry_max_s=float(s.alert_retry_max_s),
+        external_url=str(s.public_url or ""),
+        guard=WebhookGuard(str(s.webhook_allow or "")),
         secrets=box_for(s),
-        lease_s=float(getattr(s, "alert_lease_s", 60.0)),
+        lease_s=float(s.alert_lease_s),
     )
-
-
-def alert_dispatcher(app: Any) -> AlertDispatcher | DisabledService:
-    if not getattr(app.state.settings, "diagnosis_enabled", True):
-        return DisabledService()
-    d = build_dispatcher(app)
-    app.state.alert_dispatcher = d
-    return d
-
-
-class DisabledService:
-    """Stands in for a service turned off by settings."""
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None

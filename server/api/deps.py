@@ -24,7 +24,7 @@ def get_settings(request: Request) -> Settings:
 
 
 def get_store(request: Request) -> Store:
-    store = getattr(request.app.state, "store", None)
+    store = request.app.state.store
     if store is None:
         raise HTTPException(503, detail="store not open yet")
     return store
@@ -34,19 +34,19 @@ def get_diagnosis_store(request: Request) -> Store:
     """The diagnosis worker's handle on the store: its own client, so a worker's queries
     never queue behind the API's reads on the main client (chdb serialises the calls made
     on one handle)."""
-    store = getattr(request.app.state, "diagnosis_store", None)
+    store = request.app.state.diagnosis_store
     return store if store is not None else get_store(request)
 
 
 def get_collector(request: Request) -> IngestWriter:
-    collector = getattr(request.app.state, "collector", None)
+    collector = request.app.state.collector
     if collector is None:
         raise HTTPException(503, detail="collector not started yet")
     return collector
 
 
 def get_session(request: Request) -> Iterator[Session]:
-    db = getattr(request.app.state, "db", None)
+    db = request.app.state.db
     if db is None:
         raise HTTPException(503, detail="control-plane database not open yet")
     with db() as session:
@@ -83,7 +83,7 @@ class Authority:
         at, on = self._enabled
         if on or now - at < self.ttl_s:
             return on  # once on, it stays on (tokens are never deleted, only revoked)
-        db = getattr(self.app.state, "db", None)
+        db = self.app.state.db
         if db is None:
             return on
         with db() as session:
@@ -102,7 +102,7 @@ class Authority:
             hit = self._cache.get(key)
         if hit is not None and now - hit[0] < self.ttl_s:
             return hit[1]
-        db = getattr(self.app.state, "db", None)
+        db = self.app.state.db
         if db is None:
             return None
         with db() as session:
@@ -127,9 +127,7 @@ class Authority:
 
 
 def authority(app: Any) -> Authority:
-    auth = getattr(app.state, "authority", None)
-    if auth is None:
-        auth = app.state.authority = Authority(app)
+    auth: Authority = app.state.authority
     return auth
 
 

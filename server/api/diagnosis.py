@@ -138,10 +138,8 @@ MAX_PUBLISHED_JOBS = 1024
 
 def publish(app: Any, verdict: Verdict) -> None:
     """Keep a worker's latest verdict of a job (an older one than kept is ignored)."""
-    with _CREATE:
-        kept = getattr(app.state, "published_verdicts", None)
-        if kept is None:
-            kept = app.state.published_verdicts = {}
+    with _PUBLISH:
+        kept = app.state.published_verdicts
         old = kept.get(verdict.job)
         if old is not None and old.computed_ns > verdict.computed_ns:
             return
@@ -157,11 +155,11 @@ def latest_verdict(app: Any, store: Any, session: Any, job: str) -> Verdict | Jo
     or twice the worker's pass time plus two ticks when its passes are slow), so the API
     answers what the incidents say and no second pass competes with the worker's;
     otherwise :func:`job_diagnosis`."""
-    if getattr(app.state, "diagnosis", None) is None:
+    if app.state.diagnosis is None:
         get_job(session, job)
-        kept = (getattr(app.state, "published_verdicts", None) or {}).get(job)
+        kept = app.state.published_verdicts.get(job)
         if kept is not None:
-            tick = float(getattr(app.state.settings, "diagnosis_tick_s", 2.0))
+            tick = float(app.state.settings.diagnosis_tick_s)
             fresh_s = max(2.5 * tick, 2.0 * kept.took_s + 2.0 * tick)
             if time.time_ns() - kept.computed_ns <= fresh_s * 1e9:
                 return kept
@@ -178,15 +176,15 @@ def job_diagnosis(app: Any, store: Any, session: Any, job: str, max_age_s: float
     stays fresh for at least twice the time its pass took, so polling spends at most about
     a third of a core on each job however slow its passes are."""
     row = get_job(session, job)
-    loop = getattr(app.state, "diagnosis", None)
+    loop = app.state.diagnosis
     settings = app.state.settings
-    max_age = max_age_s if max_age_s is not None else 2.5 * float(getattr(settings, "diagnosis_tick_s", 2.0))
+    max_age = max_age_s if max_age_s is not None else 2.5 * float(settings.diagnosis_tick_s)
     if loop is not None:  # the loop runs in this process: its results
         cached = loop.latest.get(job)
         if cached is not None and time.time_ns() - cached.computed_ns <= max_age * 1e9:
             return cached
         return _pass(app, store, row, cached)
-    od = _on_demand(app)
+    od: OnDemand = app.state.diagnosis_on_demand
     while True:
         with od.lock:
             cached = od.latest.get(job)
@@ -222,16 +220,17 @@ _WAIT_S = 30.0
 
 
 def _pass(app: Any, store: Any, row: Job, previous: JobDiagnosis | None) -> JobDiagnosis:
-    collector = getattr(app.state, "collector", None)
+    collector = app.state.collector
+    host_seen = dict(collector.host_seen_ns) if collector is not None else {}
+    job_seen = int(collector.job_seen_ns.get(row.id, 0)) if collector is not None else 0
     # an on-demand pass keeps the hang culprits the loop named (what the incident says)
     return diagnose_job(store, job_info(row), time.time_ns(), config_from_settings(app.state.settings),
-                        dict(getattr(collector, "host_seen_ns", None) or {}),
-                        previous=previous.hang if previous is not None else None,
-                        job_seen_ns=int((getattr(collector, "job_seen_ns", None) or {}).get(row.id, 0)))
+                        host_seen, previous=previous.hang if previous is not None else None,
+                        job_seen_ns=job_seen)
 
 
 @dataclass
-class _OnDemand:
+class OnDemand:
     """This process' own passes (the loop runs in a worker process)."""
 
     latest: dict[str, JobDiagnosis] = field(default_factory=dict)
@@ -240,14 +239,4 @@ class _OnDemand:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _on_demand(app: Any) -> _OnDemand:
-    d = getattr(app.state, "diagnosis_on_demand", None)
-    if d is None:
-        with _CREATE:
-            d = getattr(app.state, "diagnosis_on_demand", None)
-            if d is None:
-                d = app.state.diagnosis_on_demand = _OnDemand()
-    return d
-
-
-_CREATE = threading.Lock()
+_PUBLISH = threading.Lock()

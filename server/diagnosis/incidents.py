@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Protocol
 
 from fleetscope.server.db.diagnosis_models import Incident, dumps
 from sqlalchemy import select
@@ -24,6 +25,29 @@ class Change:
     incident: Incident
     what: str
     """opened | updated | resolved"""
+
+
+class IncidentSink(Protocol):
+    """Where changed incidents go: the composition root passes one in (the alert outbox,
+    :class:`fleetscope.server.alerts.outbox.OutboxSink`), so diagnosis only opens,
+    updates and resolves incidents and never imports the alerting layer."""
+
+    def install(self, session: Session) -> None:
+        """Once at start: whatever the sink needs in the DB (the default alert rules)."""
+
+    def notify(self, session: Session, incident: Incident, now_ns: int) -> int:
+        """A changed incident, in the caller's transaction; returns rows queued (0: none)."""
+        ...
+
+
+class NoAlerts:
+    """A sink that queues nothing (diagnosis without alerting, tests)."""
+
+    def install(self, session: Session) -> None:
+        return None
+
+    def notify(self, session: Session, incident: Incident, now_ns: int) -> int:
+        return 0
 
 
 def incident_key(f: Finding) -> str:

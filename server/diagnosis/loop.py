@@ -21,8 +21,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from fleetscope.server.alerts.outbox import enqueue_incident
-from fleetscope.server.alerts.rules import install_defaults
 from fleetscope.server.db import leases
 from fleetscope.server.db.models import Job
 from sqlalchemy import or_, select, update
@@ -32,7 +30,7 @@ from fleetscope.topology import Topology
 from .engine import DiagnosisConfig, JobDiagnosis, JobInfo, diagnose, diagnose_hang
 from .findings import FindingKind
 from .hangs import HangConfig
-from .incidents import sync_incidents
+from .incidents import IncidentSink, sync_incidents
 from .loader import load_reduced_frames
 from .periodic import PeriodicAlertingService
 from .rollups import StepCache
@@ -103,20 +101,21 @@ class DiagnosisLoop(PeriodicAlertingService):
 
     name = "fleetscope-diagnosis"
 
-    def __init__(self, app: Any, lease_owner: str | None = None) -> None:
+    def __init__(self, app: Any, sink: IncidentSink, lease_owner: str | None = None) -> None:
         s = app.state.settings
-        super().__init__(app, float(getattr(s, "diagnosis_tick_s", 2.0)))
-        self.max_jobs = int(getattr(s, "diagnosis_max_jobs_per_tick", 8))
-        self.cache = StepCache(int(getattr(s, "diagnosis_cache_jobs", 16)))
-        self.concurrency = int(getattr(s, "diagnosis_concurrency", 2))
+        self.sink = sink
+        """Changed incidents go here (the alert outbox, given by the composition root)."""
+        super().__init__(app, float(s.diagnosis_tick_s))
+        self.max_jobs = int(s.diagnosis_max_jobs_per_tick)
+        self.cache = StepCache(int(s.diagnosis_cache_jobs))
+        self.concurrency = int(s.diagnosis_concurrency)
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="fleetscope-diag")
         self.lease_owner = lease_owner
         """Set in a worker process: every pass first claims the job's lease in the SQL DB."""
-        self.lease_s = max(30.0, 5 * float(getattr(s, "diagnosis_tick_s", 2.0)))
+        self.lease_s = max(30.0, 5 * float(s.diagnosis_tick_s))
         self.pass_s: dict[str, float] = {}
         """job -> duration of its latest full pass (s)."""
-        self.resolve_after_s = float(getattr(s, "incident_resolve_s", 20.0))
-        self.base_url = str(getattr(s, "public_url", "") or "")
+        self.resolve_after_s = float(s.incident_resolve_s)
         self.config = config_from_settings(s)
         self.latest: dict[str, JobDiagnosis] = {}
         self.on_result: Callable[[JobDiagnosis, float], None] | None = None
@@ -157,7 +156,7 @@ class DiagnosisLoop(PeriodicAlertingService):
 
     def _install_defaults(self) -> None:
         with self.app.state.db() as s:
-            install_defaults(s)
+            self.sink.install(s)
 
     def active_jobs(self, now_ns: int) -> list[Job]:
         with self.app.state.db() as s:
@@ -269,7 +268,7 @@ class DiagnosisLoop(PeriodicAlertingService):
             sync_incidents(s, row.id, final, now, self.resolve_after_s, resolve_missing=False)
             changes = sync_incidents(s, row.id, [], now, self.resolve_after_s, job_finished=True)
             # resolved alerts go only where a firing one went: the new ones page nobody
-            queued = sum(enqueue_incident(s, ch.incident, now, self.base_url) for ch in changes)
+            queued = sum(self.sink.notify(s, ch.incident, now) for ch in changes)
         self._closed[row.id] = row.updated_ns
         self.cache.drop(row.id)
         self._wake_dispatcher(queued)
@@ -295,7 +294,7 @@ class DiagnosisLoop(PeriodicAlertingService):
             queued = 0
             for ch in changes:
                 if ch.what in ("opened", "updated", "resolved"):
-                    queued += enqueue_incident(s, ch.incident, time.time_ns(), self.base_url)
+                    queued += self.sink.notify(s, ch.incident, time.time_ns())
         self._wake_dispatcher(queued)
         took_s = (time.time_ns() - now_ns) / 1e9
         self.pass_s[info.job] = took_s
@@ -328,7 +327,7 @@ class DiagnosisLoop(PeriodicAlertingService):
             return 0
         with self.app.state.db() as s:  # hardware evidence joins at the next full pass
             changes = sync_incidents(s, info.job, findings, now_ns, self.resolve_after_s, resolve_missing=False)
-            queued = sum(enqueue_incident(s, ch.incident, time.time_ns(), self.base_url) for ch in changes)
+            queued = sum(self.sink.notify(s, ch.incident, time.time_ns()) for ch in changes)
         self._wake_dispatcher(queued)
         return queued
 
@@ -346,13 +345,13 @@ class DiagnosisLoop(PeriodicAlertingService):
 
     def _host_seen(self) -> dict[str, int]:
         """Host -> when the server last received a batch from its agent (proof of life)."""
-        collector = getattr(self.app.state, "collector", None)
-        return dict(getattr(collector, "host_seen_ns", None) or {})
+        collector = self.app.state.collector
+        return dict(collector.host_seen_ns) if collector is not None else {}
 
     def _job_seen(self, job: str) -> int:
         """When the server last received a batch holding ``job``'s rows (0: unknown)."""
-        collector = getattr(self.app.state, "collector", None)
-        return int((getattr(collector, "job_seen_ns", None) or {}).get(job, 0))
+        collector = self.app.state.collector
+        return int(collector.job_seen_ns.get(job, 0)) if collector is not None else 0
 
     def _schedule(self, job: str, due_in_s: float | None, now_ns: int) -> None:
         if due_in_s is None:
@@ -362,25 +361,6 @@ class DiagnosisLoop(PeriodicAlertingService):
 
     def _wake_dispatcher(self, queued: int) -> None:
         """Deliver new alert rows now, not after the rest of this pass."""
-        dispatcher = getattr(self.app.state, "alert_dispatcher", None)
+        dispatcher = self.app.state.alert_dispatcher
         if queued and dispatcher is not None:
             dispatcher.wake()
-
-
-def diagnosis_loop(app: Any) -> Any:
-    """Service factory for :func:`fleetscope.server.services.service_factories`: the diagnosis
-    worker process (``diagnosis_worker=process``, the default), the loop in this process
-    (``thread``), or nothing (``off``: workers run elsewhere, ``fleetscope worker``)."""
-    from fleetscope.server.alerts.service import DisabledService
-
-    s = app.state.settings
-    mode = str(getattr(s, "diagnosis_worker", "thread"))
-    if not getattr(s, "diagnosis_enabled", True) or mode == "off":
-        return DisabledService()
-    if mode == "process" and int(getattr(s, "port", 0) or 0) > 0:
-        from .worker import WorkerProcess
-
-        return WorkerProcess(app)
-    if mode == "process":
-        log.warning("diagnosis_worker=process needs a fixed --port; running the loop in this process")
-    return DiagnosisLoop(app)

@@ -72,7 +72,7 @@ class PeriodicAlertingService(abc.ABC):
             acc = self.pass_seconds.setdefault(getattr(fn, "__name__", "pass"), [0, 0.0, 0.0])
             acc[0], acc[1], acc[2] = acc[0] + 1, acc[1] + took_s, took_s
             if queued:
-                dispatcher = getattr(self.app.state, "alert_dispatcher", None)
+                dispatcher = self.app.state.alert_dispatcher
                 if dispatcher is not None:
                     dispatcher.wake()
         except Exception:

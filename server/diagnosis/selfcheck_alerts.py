@@ -3,7 +3,8 @@
 A background service (one line in :func:`fleetscope.server.services.service_factories`) scores
 the fleet's recent ``probes`` records every ``selfcheck_tick_s`` seconds
 (:func:`fleetscope.server.diagnosis.selfcheck.score_probes`) and hands the findings to
-the same incident and alert machinery as the job detectors:
+the same incident machinery as the job detectors, and the changed incidents to the
+sink the composition root gives (the alert outbox):
 
 * each self-check finding becomes a ``hardware_error`` :class:`Finding` naming the host
   (a device that fails its probes, is slower than its fleet peers or computes other
@@ -23,6 +24,7 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from .findings import Finding, FindingKind, Severity
+from .incidents import IncidentSink
 from .periodic import PeriodicAlertingService
 from .selfcheck import DEFAULT_WINDOW_S, SelfcheckFinding, score_probes
 from .selfcheck_report import finding_to_dict
@@ -57,16 +59,15 @@ class SelfcheckAlerts(PeriodicAlertingService):
 
     name = "fleetscope-selfcheck-alerts"
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, sink: IncidentSink) -> None:
         s = app.state.settings
-        super().__init__(app, float(getattr(s, "selfcheck_tick_s", 15.0)))
-        self.resolve_after_s = float(getattr(s, "incident_resolve_s", 20.0))
-        self.base_url = str(getattr(s, "public_url", "") or "")
+        super().__init__(app, float(s.selfcheck_tick_s))
+        self.resolve_after_s = float(s.incident_resolve_s)
+        self.sink = sink
         self.num_ticks = 0
 
     def tick(self) -> int:
         """One pass: score, sync the incidents, queue alerts; returns alert rows queued."""
-        from fleetscope.server.alerts.outbox import enqueue_incident
         from fleetscope.server.store import probe_queries
 
         from .incidents import sync_incidents
@@ -79,15 +80,6 @@ class SelfcheckAlerts(PeriodicAlertingService):
         with self.app.state.db() as session:
             for change in sync_incidents(session, SELFCHECK_JOB, findings, now,
                                          self.resolve_after_s):
-                queued += enqueue_incident(session, change.incident, now, self.base_url)
+                queued += self.sink.notify(session, change.incident, now)
         self.num_ticks += 1
         return queued
-
-
-def selfcheck_alerts(app: Any) -> Any:
-    """Service factory for :func:`fleetscope.server.services.service_factories`."""
-    if not getattr(app.state.settings, "diagnosis_enabled", True):
-        from fleetscope.server.alerts.service import DisabledService
-
-        return DisabledService()
-    return SelfcheckAlerts(app)

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from .incidents import IncidentSink
 from .loader import named_queries
 
 log = logging.getLogger(__name__)
@@ -187,8 +188,10 @@ def build_state(settings: Any, server_url: str | None) -> SimpleNamespace:
                            remote=remote)
 
 
-async def run_worker(settings: Any, server_url: str | None, parent_pid: int | None = None) -> None:
-    """Run the diagnosis loop until SIGTERM/SIGINT (or until ``parent_pid`` exits)."""
+async def run_worker(settings: Any, server_url: str | None, sink: IncidentSink,
+                     parent_pid: int | None = None) -> None:
+    """Run the diagnosis loop until SIGTERM/SIGINT (or until ``parent_pid`` exits); changed
+    incidents go to ``sink`` (the alert outbox in the shared SQL DB)."""
     from .loop import DiagnosisLoop
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per query otherwise
@@ -203,7 +206,7 @@ async def run_worker(settings: Any, server_url: str | None, parent_pid: int | No
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"server {server_url} not reachable") from None
                 await asyncio.sleep(0.5)
-    loop = DiagnosisLoop(SimpleNamespace(state=state), lease_owner=worker_id())
+    loop = DiagnosisLoop(SimpleNamespace(state=state), sink, lease_owner=worker_id())
     if state.remote is not None:
         loop.on_result = state.remote.publish
     stop = asyncio.Event()
@@ -239,8 +242,10 @@ class WorkerProcess:
     """Server service: runs ``fleetscope worker`` as a child process and restarts it if it
     dies (``FLEETSCOPE_DIAGNOSIS_WORKER=process``)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, sink: IncidentSink) -> None:
         self.app = app
+        self.sink = sink
+        """Installs the default rules before the child starts (the child has its own)."""
         self.proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
@@ -264,11 +269,9 @@ class WorkerProcess:
         log.info("diagnosis worker process %s started", self.proc.pid)
 
     async def start(self) -> None:
-        from fleetscope.server.alerts.rules import install_defaults
-
         def defaults() -> None:  # the rules exist once the server is ready, as with the in-process loop
             with self.app.state.db() as s:
-                install_defaults(s)
+                self.sink.install(s)
 
         await asyncio.to_thread(defaults)
         await self._spawn()

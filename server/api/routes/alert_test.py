@@ -56,7 +56,7 @@ async def send_test_notification(hook_id: int, request: Request, session: Sessio
         raise HTTPException(404, detail=f"webhook {hook_id} not found")
     base = str(getattr(request.app.state.settings, "public_url", "") or "")
     body = json.dumps(build_payload(hook.name, [test_alert(hook, base)], base), separators=(",", ":")).encode()
-    dispatcher = getattr(request.app.state, "alert_dispatcher", None)
+    dispatcher = request.app.state.alert_dispatcher
     if not isinstance(dispatcher, AlertDispatcher):  # alerts disabled: the same delivery code
         dispatcher = build_dispatcher(request.app)
     t0 = time.perf_counter()

@@ -23,7 +23,7 @@ async def readyz(request: Request) -> JSONResponse:
     The store (host, user, database), queue and ingest figures are shown only to a
     caller with a read or admin token (or to anyone when authentication is off)."""
     state = request.app.state
-    if not getattr(state, "ready", False):
+    if not state.ready:
         return JSONResponse({"status": "starting"}, status_code=503)
     collector = state.collector
     p = optional_principal(request)

@@ -143,7 +143,7 @@ def resolve(incident_id: int, body: ResolveIn, request: Request, session: Sessio
     session.commit()
     base = str(getattr(request.app.state.settings, "public_url", "") or "")
     if enqueue_incident(session, inc, now, base):
-        d = getattr(request.app.state, "alert_dispatcher", None)
+        d = request.app.state.alert_dispatcher
         if d is not None:
             d.wake()
     return inc.to_dict()

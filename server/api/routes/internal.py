@@ -84,15 +84,15 @@ def verdict(body: VerdictIn, request: Request) -> dict[str, int]:
 @router.get("/host-seen")
 def host_seen(request: Request) -> dict[str, int]:
     """Host -> server time (ns) of the latest batch its agent delivered to this server."""
-    collector = getattr(request.app.state, "collector", None)
-    return dict(getattr(collector, "host_seen_ns", None) or {})
+    collector = request.app.state.collector
+    return dict(collector.host_seen_ns) if collector is not None else {}
 
 
 @router.get("/job-seen")
 def job_seen(request: Request) -> dict[str, int]:
     """Job -> server time (ns) of the latest batch holding its rows."""
-    collector = getattr(request.app.state, "collector", None)
-    return dict(getattr(collector, "job_seen_ns", None) or {})
+    collector = request.app.state.collector
+    return dict(collector.job_seen_ns) if collector is not None else {}
 
 
 class PassesIn(BaseModel):
@@ -112,9 +112,7 @@ def report_passes(body: PassesIn, request: Request) -> dict[str, int]:
     for name, v in body.passes.items():
         if len(v) != 3 or any(not (x >= 0) for x in v) or len(name) > 64:
             raise HTTPException(422, detail=f"passes[{name[:64]!r}]: expected [count, total_s, latest_s] >= 0")
-    reports = getattr(request.app.state, "worker_passes", None)
-    if reports is None:
-        reports = request.app.state.worker_passes = {}
+    reports = request.app.state.worker_passes
     reports.pop(body.worker, None)
     reports[body.worker] = {k: (int(v[0]), float(v[1]), float(v[2])) for k, v in body.passes.items()}
     while len(reports) > MAX_WORKERS_REPORTED:
@@ -125,7 +123,7 @@ def report_passes(body: PassesIn, request: Request) -> dict[str, int]:
 @router.post("/wake-alerts")
 def wake_alerts(request: Request) -> dict[str, bool]:
     """Deliver newly queued alert notifications now rather than at the next poll."""
-    d = getattr(request.app.state, "alert_dispatcher", None)
+    d = request.app.state.alert_dispatcher
     if d is not None and hasattr(d, "wake"):
         d.wake()
         return {"woken": True}
