@@ -380,10 +380,14 @@ def test_429_on_full_queue_before_the_body_is_read(tmp_path):
                 time.sleep(0.05)
             port = int(url.rsplit(":", 1)[1])
             with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-                s.sendall(_raw_headers(url, 1 << 20, "queue-full").replace(f"Authorization: Bearer {TOKEN}\r\n".encode(), b""))
+                s.sendall(_raw_headers(url, 1 << 20, "queue-full").replace(
+                    f"Authorization: Bearer {TOKEN}\r\n".encode(), b"X-Fleetscope-Host: node-behind\r\n"))
                 s.settimeout(3)  # no body is ever sent
                 answer = _read_response(s)
             assert answer.startswith("HTTP/1.1 429") and "queue full" in answer, answer[:300]
+            # the refused batch still proves its agent alive: the host is not "down"
+            seen = httpx.get(f"{url.api}/internal/diagnosis/host-seen", timeout=10).json()
+            assert time.time_ns() - seen["node-behind"] < 60e9, seen
             assert pending.result().status_code == 200
 
 

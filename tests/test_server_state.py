@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
-
 from fleetscope.server.app import create_app
 from fleetscope.server.settings import Settings
 from fleetscope.server.state import ServerState, server_state

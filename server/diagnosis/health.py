@@ -181,6 +181,26 @@ def host_last_arrival(frames, host_seen_ns: dict[str, int] | None = None,
     return out
 
 
+def _median_of_others(values: np.ndarray) -> np.ndarray:
+    """For each element, the median of all the *other* elements (0 when there are none);
+    O(n log n)."""
+    n = len(values)
+    if n < 2:
+        return np.zeros(n)
+    order = np.argsort(values, kind="stable")
+    srt = values[order]
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    m = n - 1  # the others, sorted: srt without position rank[i]
+
+    def at(j: int) -> np.ndarray:  # element j of the others, for every i at once
+        return np.where(j < rank, srt[j], srt[min(j + 1, n - 1)])
+
+    if m % 2:
+        return at(m // 2)
+    return (at(m // 2 - 1) + at(m // 2)) / 2.0
+
+
 def detect_silence(job: str, frames, now_ns: int, silent_s: float,
                    host_seen_ns: dict[str, int] | None = None) -> list[Finding]:
     """Nothing arrived for ``silent_s``: from the whole job (``job_silent``: every rank and
@@ -219,10 +239,16 @@ def detect_silence(job: str, frames, now_ns: int, silent_s: float,
                       "rank_last_step": {str(r): rank_step[r] for r in sorted(rank_step)[:64]}},
         )]
     out = []
-    for h, t in sorted(last.items()):
-        age_s = (now_ns - t) / 1e9 if t > 0 else quiet_s
-        if age_s < silent_s:
+    names = sorted(last)
+    ages = np.array([(now_ns - last[h]) / 1e9 if last[h] > 0 else quiet_s for h in names])
+    others = _median_of_others(ages)
+    for h, age_s, usual_s in zip(names, ages.tolist(), others.tolist()):
+        # silent for silent_s beyond what is usual for the job's other hosts right now: when
+        # the server runs behind (agents queued behind 429s), every host's last arrival ages
+        # together and none of them is down
+        if age_s < silent_s + usual_s:
             continue
+        t = last[h]
         ranks = tuple(sorted(r for r, hh in hosts.items() if hh == h))
         steps = [rank_step[r] for r in ranks if r in rank_step]
         out.append(Finding(
@@ -232,6 +258,7 @@ def detect_silence(job: str, frames, now_ns: int, silent_s: float,
                     f"{age_s:.0f}s while the job's other hosts report; its last step "
                     f"{max(steps) if steps else 'unknown'}",
             evidence={"silence": "host", "what": "host_down", "silent_for_s": round(age_s, 1),
+                      "others_silent_for_s": round(usual_s, 1),
                       "last_seen_ns": int(t), "last_step": max(steps) if steps else -1,
                       "ranks_last_seen_ns": {str(r): seen.get(r, 0) for r in ranks}},
         ))

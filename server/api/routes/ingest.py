@@ -155,9 +155,13 @@ async def ingest(request: Request, collector: CollectorDep, settings: SettingsDe
         return _error(413, f"request body of {length} bytes is more than max_request_bytes={settings.max_request_bytes}")
     if collector.queue_full:
         collector.stats["rejected_429"] += 1
+        if length:  # a batch refused for load still proves its host's agent is alive
+            collector.note_agent(host, time.time_ns())
         return _busy(collector, f"ingest queue full ({collector.queued_rows} rows waiting)")
     reserved = [length or 0]
     if not collector.reserve(reserved[0], settings.max_inflight_bytes):
+        if length:
+            collector.note_agent(host, time.time_ns())
         return _busy(
             collector, f"{collector.inflight_bytes} request bytes in flight, "
             f"max_inflight_bytes={settings.max_inflight_bytes}",

@@ -1,0 +1,69 @@
+"""``host_down`` means one host silent while the job's other hosts report: judged against
+the other hosts' silence, so a server that runs behind (every host's last batch ageing
+together) reports no host as down, and a dead host still is."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+from fleetscope.server.diagnosis.health import _median_of_others, detect_silence
+
+S = 1_000_000_000
+NOW = 1_800_000_000 * S
+
+
+def _frames(num_hosts: int, gpus: int = 8) -> SimpleNamespace:
+    hosts = {r: f"node-{r // gpus:05d}" for r in range(num_hosts * gpus)}
+    return SimpleNamespace(hosts=hosts, last_seen={r: NOW - 300 * S for r in hosts}, heartbeats=None,
+                           host_last_ns={}, steps=pd.DataFrame(), job_seen_ns=NOW - 1 * S, last_step=40)
+
+
+def _down(findings) -> list[str]:
+    return sorted(h for f in findings if f.evidence.get("what") == "host_down" for h in f.hosts)
+
+
+def test_median_of_others_matches_numpy() -> None:
+    rng = np.random.default_rng(0)
+    for n in range(1, 12):
+        for _ in range(20):
+            v = rng.integers(0, 6, n).astype(float)
+            want = [np.median(np.delete(v, i)) for i in range(n)] if n > 1 else [0.0]
+            assert np.allclose(_median_of_others(v), want)
+
+
+def test_a_dead_host_among_reporting_hosts_is_down() -> None:
+    f = _frames(16)
+    seen = {h: NOW - int(0.5 * S) for h in set(f.hosts.values())}
+    seen["node-00003"] = NOW - 25 * S
+    assert _down(detect_silence("j", f, NOW, 20.0, seen)) == ["node-00003"]
+
+
+def test_a_server_running_behind_reports_no_host_down() -> None:
+    """1,536 agents queued behind an overloaded server: each host's last batch is 0-40 s old
+    (uniformly), most of them beyond silent_s, none down."""
+    f = _frames(1536)
+    rng = np.random.default_rng(3)
+    seen = {h: NOW - int(a * S) for h, a in zip(sorted(set(f.hosts.values())), rng.uniform(0, 40, 1536))}
+    assert sum((NOW - t) / S >= 20 for t in seen.values()) > 500  # the old rule flagged these
+    assert _down(detect_silence("j", f, NOW, 20.0, seen)) == []
+
+
+def test_a_dead_host_is_found_while_the_server_runs_behind() -> None:
+    f = _frames(1536)
+    rng = np.random.default_rng(4)
+    names = sorted(set(f.hosts.values()))
+    seen = {h: NOW - int(a * S) for h, a in zip(names, rng.uniform(0, 40, 1536))}
+    seen[names[700]] = NOW - 45 * S  # beyond silent_s + the others' median (about 20 s)
+    assert _down(detect_silence("j", f, NOW, 20.0, seen)) == [names[700]]
+    seen[names[700]] = NOW - 30 * S  # not yet: its silence is within what the others show
+    assert _down(detect_silence("j", f, NOW, 20.0, seen)) == []
+
+
+def test_two_hosts_one_dead() -> None:
+    f = _frames(2)
+    seen = {"node-00000": NOW - 1 * S, "node-00001": NOW - 22 * S}
+    found = detect_silence("j", f, NOW, 20.0, seen)
+    assert _down(found) == ["node-00001"]
+    assert found[0].evidence["others_silent_for_s"] == 1.0
