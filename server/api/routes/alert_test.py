@@ -54,7 +54,7 @@ async def send_test_notification(hook_id: int, request: Request, session: Sessio
     hook = session.get(Webhook, hook_id)
     if hook is None:
         raise HTTPException(404, detail=f"webhook {hook_id} not found")
-    base = str(getattr(request.app.state.settings, "public_url", "") or "")
+    base = str(request.app.state.settings.public_url or "")
     body = json.dumps(build_payload(hook.name, [test_alert(hook, base)], base), separators=(",", ":")).encode()
     dispatcher = request.app.state.alert_dispatcher
     if not isinstance(dispatcher, AlertDispatcher):  # alerts disabled: the same delivery code

@@ -107,7 +107,7 @@ def _check_webhook(request: Request, url: str | None, secret: str | None) -> Non
     422 would echo the input (a URL with its token, a secret) back; so the lengths too."""
     errors = []
     if url is not None:
-        allow = AllowList.parse(str(getattr(request.app.state.settings, "webhook_allow", "") or ""))
+        allow = AllowList.parse(str(request.app.state.settings.webhook_allow or ""))
         try:
             check_target(url, allow)
         except WebhookURLError as e:

@@ -141,7 +141,7 @@ def resolve(incident_id: int, body: ResolveIn, request: Request, session: Sessio
     inc.status, inc.resolved_ns, inc.updated_ns = "resolved", now, now
     inc.resolution = f"{body.resolution} ({body.by})" if body.by else body.resolution
     session.commit()
-    base = str(getattr(request.app.state.settings, "public_url", "") or "")
+    base = str(request.app.state.settings.public_url or "")
     if enqueue_incident(session, inc, now, base):
         d = request.app.state.alert_dispatcher
         if d is not None:
