@@ -55,9 +55,12 @@ def test_a_dead_host_is_found_while_the_server_runs_behind() -> None:
     rng = np.random.default_rng(4)
     names = sorted(set(f.hosts.values()))
     seen = {h: NOW - int(a * S) for h, a in zip(names, rng.uniform(0, 40, 1536))}
-    seen[names[700]] = NOW - 45 * S  # beyond silent_s + the others' median (about 20 s)
-    assert _down(detect_silence("j", f, NOW, 20.0, seen)) == [names[700]]
-    seen[names[700]] = NOW - 30 * S  # not yet: its silence is within what the others show
+    # the others: median about 20 s, robust sd about 15 s -> own once past 20 + 3 x 15 s
+    seen[names[700]] = NOW - 70 * S
+    found = detect_silence("j", f, NOW, 20.0, seen)
+    assert _down(found) == [names[700]]
+    assert 15 < found[0].evidence["others_silent_for_s"] < 25
+    seen[names[700]] = NOW - 45 * S  # not yet: within what the others show right now
     assert _down(detect_silence("j", f, NOW, 20.0, seen)) == []
 
 
@@ -67,3 +70,31 @@ def test_two_hosts_one_dead() -> None:
     found = detect_silence("j", f, NOW, 20.0, seen)
     assert _down(found) == ["node-00001"]
     assert found[0].evidence["others_silent_for_s"] == 1.0
+
+
+def _heartbeats(ages_s: list[float]) -> pd.DataFrame:
+    rows = []
+    for h, age in enumerate(ages_s):
+        for r in range(h * 8, h * 8 + 8):
+            rows.append({"host": f"node-{h:05d}", "rank": r, "ts_ns": NOW - int(age * S), "alive": 1,
+                         "pid": 1000 + r})
+    return pd.DataFrame(rows)
+
+
+def test_heartbeats_of_every_host_ageing_together_are_ingest_lag() -> None:
+    from fleetscope.server.diagnosis.health import detect_heartbeat_loss
+
+    rng = np.random.default_rng(5)
+    ages = list(rng.uniform(18, 75, 512))  # the 12,288-rank fleet bench under load: 20-70 s old
+    hb = _heartbeats(ages)
+    assert detect_heartbeat_loss("j", hb, NOW, stale_s=15.0) == []
+    ages[100] = 200.0  # one agent really gone
+    lost = detect_heartbeat_loss("j", _heartbeats(ages), NOW, stale_s=15.0)
+    assert [f.hosts for f in lost] == [("node-00100",)]
+
+
+def test_one_silent_agent_among_fresh_ones_is_lost() -> None:
+    from fleetscope.server.diagnosis.health import detect_heartbeat_loss
+
+    lost = detect_heartbeat_loss("j", _heartbeats([1.0, 0.5, 16.5, 2.0]), NOW, stale_s=15.0)
+    assert [f.hosts for f in lost] == [("node-00002",)]

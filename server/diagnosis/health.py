@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from .findings import Finding, FindingKind, Severity
+from .robust import mad_sigma
 
 HW_LOG_KINDS = frozenset({"xid", "ecc", "cuda_error"})
 RISING_IS_BAD = (
@@ -29,6 +30,57 @@ THROTTLE_BAD_MASK = 0x8 | 0x40 | 0x80 | 0x100
 HW_METRIC_PATTERNS = ("xid", "ecc", "throttle", "carrier", "flap", "link_down", "retired", "remapped", "nic.up")
 
 
+def _median_of_others(values: np.ndarray) -> np.ndarray:
+    """For each element, the median of all the *other* elements (0 when there are none);
+    O(n log n)."""
+    n = len(values)
+    if n < 2:
+        return np.zeros(n)
+    order = np.argsort(values, kind="stable")
+    srt = values[order]
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    m = n - 1  # the others, sorted: srt without position rank[i]
+
+    def at(j: int) -> np.ndarray:  # element j of the others, for every i at once
+        return np.where(j < rank, srt[j], srt[min(j + 1, n - 1)])
+
+    if m % 2:
+        return at(m // 2)
+    return (at(m // 2 - 1) + at(m // 2)) / 2.0
+
+
+SILENCE_SPREAD_K = 3.0
+"""A host's silence is its own when it exceeds the other hosts' median by this many of
+their robust standard deviations (and by the floor, ``stale_s`` / ``silent_s``)."""
+_EXACT_OTHERS = 64
+"""Up to this many hosts the others' spread is computed without the host itself; past it
+one host cannot move the fleet's MAD, so the fleet's is used (O(n log n))."""
+
+
+def silent_beyond_others(ages_s: np.ndarray, floor_s: float) -> np.ndarray:
+    """Per host: is its silence (``ages_s``, seconds since it was last heard from) its own?
+    True when it exceeds the median of the *other* hosts' silences by ``floor_s`` and by
+    :data:`SILENCE_SPREAD_K` of their robust spread. When ingest runs behind (agents
+    queued behind an overloaded server) every host's last arrival ages together, spread
+    over one delivery cycle, and no host is singled out; a dead host's silence keeps
+    growing until it stands out, later the further behind the server is."""
+    ages = np.asarray(ages_s, dtype=float)
+    n = len(ages)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    if n == 1:
+        return ages >= floor_s
+    if n <= _EXACT_OTHERS:
+        limit = np.empty(n)
+        for i in range(n):
+            others = np.delete(ages, i)
+            limit[i] = np.median(others) + max(floor_s, SILENCE_SPREAD_K * mad_sigma(others))
+    else:
+        limit = _median_of_others(ages) + max(floor_s, SILENCE_SPREAD_K * mad_sigma(ages))
+    return ages >= limit
+
+
 def detect_heartbeat_loss(
     job: str, heartbeats: pd.DataFrame, now_ns: int, stale_s: float = 15.0, min_dead_s: float = 5.0,
     host_data_ns: dict[str, int] | None = None, host_seen_ns: dict[str, int] | None = None,
@@ -40,8 +92,11 @@ def detect_heartbeat_loss(
     than the host's other telemetry. ``host_seen_ns`` (host -> when the server last
     received a batch from its agent) is proof of life: an agent that delivered within
     ``stale_s`` is not silent, even when its heartbeat thread falls behind its shipping
-    (a CPU-starved host). A host gone silent altogether stalls the job, which the hang
-    analysis reports with the heartbeat facts as evidence.
+    (a CPU-starved host). A host's heartbeats are also judged against the other hosts':
+    they count as lost only when ``stale_s`` older than the median of the others' (all
+    of them ageing together is ingest running behind, not 1,536 dead agents). A host gone
+    silent altogether stalls the job, which the hang analysis reports with the heartbeat
+    facts as evidence.
     """
     if heartbeats.empty:
         return []
@@ -55,7 +110,10 @@ def detect_heartbeat_loss(
     seen = np.array([int((host_seen_ns or {}).get(h, 0)) for h in hosts], dtype="int64")
     behind = (data - host_ts.to_numpy(dtype="int64")) / 1e9
     delivered = (now_ns - seen) / 1e9
-    silent = (age > stale_s) & (behind > stale_s) & (delivered > stale_s)
+    # and stale beyond what is usual for the other hosts right now: when ingest runs behind
+    # (agents queued behind an overloaded server), every host's heartbeats age together
+    silent = ((age > stale_s) & (behind > stale_s) & (delivered > stale_s)
+              & silent_beyond_others(age, stale_s))
     ranks_of = latest[latest["rank"] >= 0].groupby("host")["rank"].apply(lambda x: sorted(int(r) for r in x))
     out = []
     for host, a, last_ts in zip(host_ts.index[silent], age[silent], host_ts.to_numpy()[silent]):
@@ -181,26 +239,6 @@ def host_last_arrival(frames, host_seen_ns: dict[str, int] | None = None,
     return out
 
 
-def _median_of_others(values: np.ndarray) -> np.ndarray:
-    """For each element, the median of all the *other* elements (0 when there are none);
-    O(n log n)."""
-    n = len(values)
-    if n < 2:
-        return np.zeros(n)
-    order = np.argsort(values, kind="stable")
-    srt = values[order]
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n)
-    m = n - 1  # the others, sorted: srt without position rank[i]
-
-    def at(j: int) -> np.ndarray:  # element j of the others, for every i at once
-        return np.where(j < rank, srt[j], srt[min(j + 1, n - 1)])
-
-    if m % 2:
-        return at(m // 2)
-    return (at(m // 2 - 1) + at(m // 2)) / 2.0
-
-
 def detect_silence(job: str, frames, now_ns: int, silent_s: float,
                    host_seen_ns: dict[str, int] | None = None) -> list[Finding]:
     """Nothing arrived for ``silent_s``: from the whole job (``job_silent``: every rank and
@@ -241,12 +279,10 @@ def detect_silence(job: str, frames, now_ns: int, silent_s: float,
     out = []
     names = sorted(last)
     ages = np.array([(now_ns - last[h]) / 1e9 if last[h] > 0 else quiet_s for h in names])
+    own = silent_beyond_others(ages, silent_s)
     others = _median_of_others(ages)
-    for h, age_s, usual_s in zip(names, ages.tolist(), others.tolist()):
-        # silent for silent_s beyond what is usual for the job's other hosts right now: when
-        # the server runs behind (agents queued behind 429s), every host's last arrival ages
-        # together and none of them is down
-        if age_s < silent_s + usual_s:
+    for h, age_s, usual_s, down in zip(names, ages.tolist(), others.tolist(), own.tolist()):
+        if not down:  # not silent beyond what the job's other hosts show right now
             continue
         t = last[h]
         ranks = tuple(sorted(r for r, hh in hosts.items() if hh == h))
