@@ -42,7 +42,9 @@ from fleetscope.dashboard.pages.job_callbacks import (
     HEATMAP_MAX_COLS,
     HEATMAP_MAX_ROWS,
 )
-from fleetscope.server.views.scale_fixture import ScaleJob, write_scale_job
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.helpers
+from tests.helpers.rollup_fixture import ScaleJob, write_scale_job  # noqa: E402
 
 # Interactive = the heat-map and the grid are drawn with their data (plotly has computed
 # and laid them out) and Dash has bound its click handler (a click selects a rank).

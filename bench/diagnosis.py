@@ -530,7 +530,9 @@ def sweep(seeds: int = 5) -> int:
     runs, for a rank in each stage."""
     from fleetscope.server.diagnosis.breakdown import rank_step_breakdown
     from fleetscope.server.diagnosis.stragglers import detect_stragglers
-    from fleetscope.server.diagnosis.synthetic import SynthJob
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.helpers
+    from tests.helpers.synthetic import SynthJob
 
     factors = (1.05, 1.1, 1.2, 1.3)
     print(f"{'noise':>6} " + " ".join(f"{'x' + str(f):>7}" for f in factors) + "  false findings (clean)")

@@ -35,10 +35,10 @@ def build_frames(n: int, steps: int):
     from fleetscope.server.diagnosis import rollups
     from fleetscope.server.diagnosis.engine import JobInfo
     from fleetscope.server.diagnosis.loader import load_reduced_frames
-    from fleetscope.server.diagnosis.synthetic import SynthJob
     from fleetscope.server.store import Store
 
     from fleetscope.topology import Topology
+    from tests.helpers.synthetic import SynthJob
 
     dp, tp, pp = TOPOLOGIES[n]
     copies = REPLICATED.get(n, 1)

@@ -1,6 +1,6 @@
 """Diagnosis pass time per world size, before (pandas over raw events) and after (ClickHouse
 reductions, server/diagnosis/rollups.py), on the synthetic 1F1B job of
-server/diagnosis/synthetic.py (24-step window, 4 micro-batches, one 1.3x compute
+tests/helpers/synthetic.py (the simulator's step model; 24-step window, 4 micro-batches, one 1.3x compute
 straggler on rank 5) written to a real embedded chdb store.
 
 Per world size it prints, in seconds (best of --repeat):
@@ -130,10 +130,10 @@ def measure(n: int, args: argparse.Namespace) -> tuple[dict, bool]:
     from fleetscope.server.diagnosis import rollups
     from fleetscope.server.diagnosis.engine import JobInfo, diagnose, diagnose_hang
     from fleetscope.server.diagnosis.loader import load_job_frames, load_reduced_frames
-    from fleetscope.server.diagnosis.synthetic import SynthJob
     from fleetscope.server.store import Store
 
     from fleetscope.topology import Topology
+    from tests.helpers.synthetic import SynthJob
 
     same = True
     dp, tp, pp = TOPOLOGIES[n]

@@ -143,15 +143,15 @@ def _print_urls(base: str, job: str, server: Any) -> None:
 # ---------------------------------------------------------------------------------------
 def _synthetic(base: str, server: Any, args: argparse.Namespace, steps: int, workdir: str) -> None:
     import httpx
-    from fleetscope.server.demo_synthetic import synthetic_job
+    from fleetscope.sim.offline import demo_tables
 
     from fleetscope import codec
 
     job = time.strftime("demo-%Y%m%d-%H%M%S")
-    rows = synthetic_job(job, steps, time.time_ns() - steps * 400_000_000)
+    tables = demo_tables(job, steps, time.time_ns() - steps * 400_000_000)
     r = httpx.post(
         f"{base}/api/v1/ingest",
-        content=codec.encode_batch(rows),
+        content=codec.encode_batch(tables),
         headers={"Content-Type": codec.ARROW_CONTENT_TYPE, "Idempotency-Key": job},
         timeout=120,
     )

@@ -22,6 +22,7 @@ the same ``seq`` on every member), p2p per (group, direction, peer).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,6 +61,32 @@ class Timing:
                 "optimizer": 0.03 * step, "grad_sync": 0.002 * step, "dp_link": 0.05 * step,
                 "tp_link": 0.1 * fwd / max(1, tp_ops + 1), "pp_link": 0.01 * fwd,
                 "gap": 0.0005 * step}
+
+
+PART_NAMES = ("dataloader", "forward", "backward", "optimizer", "grad_sync", "dp_link", "tp_link",
+              "pp_link", "gap")
+"""The keys of :meth:`Timing.parts_ns` (ns): section base durations, link times, the gap
+between steps."""
+
+
+@dataclass(frozen=True)
+class StepFactors:
+    """Per-rank knobs of one step, set explicitly by a caller instead of a :class:`FaultPlan`.
+
+    Every array is indexed by global rank (``link`` by group index, in the order of
+    :attr:`Layout.group_names`); ``None`` leaves that part as the fault plan has it. They
+    act on top of the fault plan, so a caller may use either or both.
+    """
+
+    compute: np.ndarray | None = None
+    """Multiplies the forward and backward compute of the rank."""
+    dataloader: np.ndarray | None = None
+    """Multiplies the rank's dataloader section."""
+    pause_ns: np.ndarray | None = None
+    """Untimed host pause before the step's work (GC-like or launch skew): the step's
+    start is before it, no section covers it."""
+    link: np.ndarray | None = None
+    """Multiplies the link time of every op of the group (TP/DP collectives, PP p2p)."""
 
 
 class Layout:
@@ -196,13 +223,28 @@ class StepModel:
     """Plays steps of one job; keeps the per-group sequence counters between steps."""
 
     def __init__(self, topo: Topology, num_mb: int, tp_ops: int, timing: Timing,
-                 faults: FaultPlan, seed: int = 0, inflight_interval_ns: float = 5e8,
-                 act_bytes: int = 64 << 20, grad_bytes: int = 1 << 30) -> None:
+                 faults: FaultPlan | None = None, seed: int = 0, inflight_interval_ns: float = 5e8,
+                 act_bytes: int = 64 << 20, grad_bytes: int = 1 << 30,
+                 parts_ns: Mapping[str, float] | None = None, record_inflight: bool = True,
+                 tp_bytes: int | None = None) -> None:
+        """``faults`` None: no faults. ``parts_ns`` overrides some or all of the
+        durations :meth:`Timing.parts_ns` derives (keys of :data:`PART_NAMES`).
+        ``record_inflight`` False skips the in-flight samples (a caller that wants only
+        the sections, ops and steps). ``tp_bytes``: the TP collectives' size (default
+        ``act_bytes``)."""
         self.topo, self.layout = topo, Layout(topo)
         self.M, self.K = num_mb, tp_ops
+        if faults is None:
+            faults = FaultPlan([], topo.world_size, 1)
         self.timing, self.faults = timing, faults
         self.rng = np.random.default_rng(seed)
         self.parts = timing.parts_ns(num_mb, topo.pp, tp_ops)
+        unknown = set(parts_ns or {}) - set(PART_NAMES)
+        if unknown:
+            raise ValueError(f"parts_ns: unknown part(s) {sorted(unknown)}; known: {PART_NAMES}")
+        self.parts.update({k: float(v) for k, v in (parts_ns or {}).items()})
+        self.record_inflight = record_inflight
+        self.tp_bytes = act_bytes if tp_bytes is None else tp_bytes
         self.programs = [pipeline_program(s, topo.pp, num_mb) for s in range(topo.pp)]
         self.act_bytes, self.grad_bytes = act_bytes, grad_bytes
         D, P, T = self.layout.shape
@@ -231,24 +273,35 @@ class StepModel:
         return m
 
     # ---------------------------------------------------------------- one step
-    def play(self, step: int, clock: np.ndarray) -> StepOut:
-        """Play step ``step`` from per-rank start times ``clock`` ((D, P, T), ns)."""
+    def play(self, step: int, clock: np.ndarray, factors: StepFactors | None = None) -> StepOut:
+        """Play step ``step`` from per-rank start times ``clock`` ((D, P, T), ns);
+        ``factors`` (optional) scale this step's parts per rank / per group."""
         L, pt, f = self.layout, self.parts, self.f
         D, P, T = L.shape
         ro = L.rank_of
+        fx = factors or StepFactors()
+        x_comp = 1.0 if fx.compute is None else np.asarray(fx.compute, dtype=np.float64)[ro]
+        x_dl = 1.0 if fx.dataloader is None else np.asarray(fx.dataloader, dtype=np.float64)[ro]
+        if fx.link is None:
+            x_link = {a: np.ones(L.shape) for a in AXES}
+        else:
+            lk = np.asarray(fx.link, dtype=np.float64)
+            x_link = {a: lk[L.gidx[a]] for a in AXES}
         clock = clock.copy()
         dead = step >= f["dead_step"]
         clock[dead] = INF
         start = clock.copy()
+        if fx.pause_ns is not None:
+            clock = clock + np.asarray(fx.pause_ns, dtype=np.float64)[ro]
         secs, colls = _Acc(_SEC), _Acc(_COLL)
         h_coll = self._hang(step, "collective")
         h_in_coll = self._hang(step, "in_collective")
         h_p2p = self._hang(step, "p2p")
         h_in_p2p = self._hang(step, "in_p2p")
         h_compute = self._hang(step, "compute")
-        comp = np.where(step >= f["compute_from"], f["compute_factor"], 1.0) * self.speed
+        comp = np.where(step >= f["compute_from"], f["compute_factor"], 1.0) * self.speed * x_comp
         # dataloader
-        d = pt["dataloader"] * self._jit((D, P, T)) * np.where(step >= f["dl_from"], f["dl_factor"], 1.0)
+        d = pt["dataloader"] * self._jit((D, P, T)) * np.where(step >= f["dl_from"], f["dl_factor"], 1.0) * x_dl
         secs.add(ro, step, -1, 0, clock, clock + d)
         clock = clock + d
         gc_mb = self._gc_microbatch(step)
@@ -258,7 +311,7 @@ class StepModel:
             hp = (slice(None), p, slice(None))
             enq = np.where(h_coll[hp], INF, arrive)
             eff = np.where(h_in_coll[hp], INF, enq + self.slow["tp"][hp])
-            done = eff.max(axis=1, keepdims=True) + pt["tp_link"] * self._jit((D, 1))
+            done = eff.max(axis=1, keepdims=True) + pt["tp_link"] * self._jit((D, 1)) * x_link["tp"][:, p, :1]
             done = np.broadcast_to(done, (D, T))
             self.tp_seq[p] += 1
             colls.add(ro[hp], step, mb, L.gidx["tp"][hp], axis_i, L.coords["tp"][hp], T,
@@ -279,12 +332,12 @@ class StepModel:
             if kind == "F" and mb == 0:
                 c = np.where(h_compute[hp], INF, c)
             if kind == "B" and head:  # LM head: its input-grad all-reduce comes first
-                c = collective(p, c + part * 0.5, 0, 0, mb, self.act_bytes)
+                c = collective(p, c + part * 0.5, 0, 0, mb, self.tp_bytes)
             for _ in range(n_ops):
-                c = collective(p, c + part, 0, 0, mb, self.act_bytes)
+                c = collective(p, c + part, 0, 0, mb, self.tp_bytes)
             c = c + part
             if kind == "F" and head:  # LM head: gather the vocab-parallel logits
-                c = collective(p, c, 0, 1, mb, self.act_bytes)
+                c = collective(p, c, 0, 1, mb, self.tp_bytes)
             secs.add(ro[hp], step, mb, 1 if kind == "F" else 2, t0, c)
             clock[hp] = c
 
@@ -305,7 +358,7 @@ class StepModel:
                 hs, hr = (slice(None), src, slice(None)), (slice(None), dst, slice(None))
                 eff = np.maximum(np.where(h_in_p2p[hs], INF, sp + self.slow["pp"][hs]),
                                  np.where(h_in_p2p[hr], INF, rp + self.slow["pp"][hr]))
-                done_msg[msg] = eff + pt["pp_link"] * self._jit((D, T))
+                done_msg[msg] = eff + pt["pp_link"] * self._jit((D, T)) * x_link["pp"][:, src, :]
             return done_msg[msg]
 
         def record_p2p(p, msg, side, done):
@@ -363,7 +416,7 @@ class StepModel:
             arrive = clock + pt["grad_sync"] * 0.5 * self._jit((D, P, T))
             enq = np.where(h_coll, INF, arrive)
             eff = np.where(h_in_coll, INF, enq + self.slow["dp"])
-            done = eff.max(axis=0, keepdims=True) + pt["dp_link"] * self._jit((1, P, T))
+            done = eff.max(axis=0, keepdims=True) + pt["dp_link"] * self._jit((1, P, T)) * x_link["dp"][:1]
             done = np.broadcast_to(done, (D, P, T))
             self.dp_seq += 1
             colls.add(ro, step, -1, L.gidx["dp"], 1, L.coords["dp"], D, self.dp_seq, 0,
@@ -387,7 +440,10 @@ class StepModel:
         steps: dict[str, np.ndarray] = {
             "rank": ro.ravel()[fin], "step": np.full(int(fin.sum()), step, dtype=np.int64),
             "start": start.ravel()[fin], "end": end.ravel()[fin]}
-        inflight, blocked = self._inflight(step, start, end, dead, sec, col)
+        if self.record_inflight:
+            inflight, blocked = self._inflight(step, start, end, dead, sec, col)
+        else:
+            inflight, blocked = _empty_inflight(), _empty_blocked()
         end = end + pt["gap"] * self._jit((D, P, T))
         return StepOut(step, sec, col, steps, inflight, end, blocked)
 

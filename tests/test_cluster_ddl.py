@@ -31,7 +31,6 @@ import clickhouse_connect
 import pandas as pd
 import pyarrow as pa
 import pytest
-from fleetscope.server.diagnosis.synthetic import SynthJob
 from fleetscope.server.store import Store, StoreURL, queries, view_queries
 from fleetscope.server.store.cluster import (
     LOCAL_SUFFIX,
@@ -54,6 +53,7 @@ from fleetscope.server.store.url import StoreURLError, parse_store_url
 
 from fleetscope import codec
 from fleetscope.schema import RECORD_TYPES
+from tests.helpers.synthetic import SynthJob
 
 GOLDEN = Path(__file__).parent / "golden" / "cluster_ddl"
 UPDATE = os.environ.get("FLEETSCOPE_UPDATE_GOLDEN") == "1"

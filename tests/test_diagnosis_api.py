@@ -12,11 +12,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 from fleetscope.server.alerts.signing import verify
-from fleetscope.server.diagnosis.synthetic import MS, SynthJob
 
 from fleetscope import codec
 from fleetscope.schema import RECORD_TYPES
 from tests.helpers.server import free_port, running_server
+from tests.helpers.synthetic import MS, SynthJob
 
 SECRET = "test-secret-0123456789"
 HTTP = httpx.Client(timeout=60)

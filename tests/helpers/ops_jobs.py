@@ -8,10 +8,10 @@ import time
 from typing import Any
 
 import httpx
-from fleetscope.server.diagnosis.synthetic import MS, SynthJob
 
 from fleetscope import codec
 from fleetscope.schema import RECORD_TYPES
+from tests.helpers.synthetic import MS, SynthJob
 
 HTTP = httpx.Client(timeout=120)
 
