@@ -28,6 +28,7 @@ import pandas as pd
 from fleetscope.topology import Topology
 
 from .breakdown import P2P_OPS, top_level_sections
+from .robust import mad_sigma
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class StepProfile:
     """The job's median observed step time over the same steps (0: unknown). The model
     explains only part of it (time no record covers - the OS descheduling a process on
     a loaded host - is not in it); a fix saves its modelled time out of the observed step."""
+    noise: float = 0.0
+    """Relative step-to-step spread (robust standard deviation of the log) of one rank's
+    forward/backward work around its median. Every sync point makes the job pay its
+    slowest member's noise, so :func:`whatif` plays noisy steps when this is set."""
 
 
 def schedule_order(stage: int, num_stages: int, num_mb: int, schedule: str) -> list[tuple[str, int]]:
@@ -72,18 +77,27 @@ def simulate_step(p: StepProfile) -> float:
     event loop runs once with one array lane per replica (the same float operations as
     one loop per replica, :func:`_simulate_step_per_replica`, which is kept for profiles
     holding NaN, where Python's ``max`` and ``np.maximum`` differ)."""
-    topo, num_mb = p.topology, p.num_microbatches
     links = np.fromiter(p.link_ns.values(), dtype=float, count=len(p.link_ns))
     if any(np.isnan(a).any() for a in (p.fwd_ns, p.bwd_ns, p.pre_ns, p.post_ns, links)):
         return _simulate_step_per_replica(p)
+    return float(simulate_steps(p, p.fwd_ns[None], p.bwd_ns[None])[0])
+
+
+def simulate_steps(p: StepProfile, fwd_ns: np.ndarray, bwd_ns: np.ndarray) -> np.ndarray:
+    """:func:`simulate_step` of several variants of ``p`` at once, differing only in their
+    forward/backward work (``(variants, world_size, num_microbatches)``): one event loop
+    with one lane per (variant, DP replica). Returns each variant's step time (ns)."""
+    topo, num_mb = p.topology, p.num_microbatches
     num_stages = topo.pp
+    k = fwd_ns.shape[0]
     grid, tp_ids, pp_ids = _cells(topo)
     tp_link = np.array([[p.link_ns.get(g, 0.0) for g in row] for row in tp_ids], dtype=float).reshape(
         topo.dp, num_stages)
     pp_link = np.array([p.link_ns.get(g, 0.0) if num_stages > 1 else 0.0 for g in pp_ids], dtype=float)
-    f_all = p.fwd_ns[grid].max(axis=2) + tp_link[..., None]  # (dp, pp, mb)
-    b_all = p.bwd_ns[grid].max(axis=2) + tp_link[..., None]
-    clock = [p.pre_ns[grid[:, s]].max(axis=1).astype(float) for s in range(num_stages)]
+    f_all = fwd_ns[:, grid].max(axis=3) + tp_link[..., None]  # (k, dp, pp, mb)
+    b_all = bwd_ns[:, grid].max(axis=3) + tp_link[..., None]
+    clock = [np.broadcast_to(p.pre_ns[grid[:, s]].max(axis=1).astype(float), (k, topo.dp))
+             for s in range(num_stages)]
     orders = [schedule_order(s, num_stages, num_mb, p.schedule) for s in range(num_stages)]
     pos = [0] * num_stages
     f_end: dict[tuple[int, int], np.ndarray] = {}
@@ -97,10 +111,10 @@ def simulate_step(p: StepProfile) -> float:
                 op, m = orders[s][pos[s]]
                 if op == "F":
                     dep = f_end.get((s - 1, m)) if s > 0 else zero
-                    dur = f_all[:, s, m]
+                    dur = f_all[:, :, s, m]
                 else:
                     dep = b_end.get((s + 1, m)) if s < num_stages - 1 else f_end.get((s, m))
-                    dur = b_all[:, s, m]
+                    dur = b_all[:, :, s, m]
                 if dep is None:
                     break
                 hop = pp_link if (op == "F" and s > 0) or (op == "B" and s < num_stages - 1) else zero
@@ -111,15 +125,17 @@ def simulate_step(p: StepProfile) -> float:
                 progressed = True
         if not progressed:  # cannot happen for a valid schedule; guard against loops
             raise ValueError("pipeline schedule deadlocked")
-    end_post = np.zeros(topo.world_size)
+    out = np.zeros(k)
     stages = rank_stages(topo)
     for s in range(num_stages):
         in_s = stages == s
+        if not in_s.any():
+            continue
         dp_link = max((p.link_ns.get(topo.group_id("dp", topo.rank(dp=0, pp=s, tp=t)), 0.0)
-                       for t in range(topo.tp)), default=0.0) if in_s.any() else 0.0
-        sync_end = float(clock[s].max()) + dp_link
-        end_post[in_s] = sync_end + p.post_ns[in_s]
-    return float(end_post.max())
+                       for t in range(topo.tp)), default=0.0)
+        sync_end = clock[s].max(axis=1) + dp_link  # (k,)
+        out = np.maximum(out, sync_end + float(p.post_ns[in_s].max()))
+    return out
 
 
 def _simulate_step_per_replica(p: StepProfile) -> float:
@@ -311,6 +327,30 @@ class WhatIf:
         return max(self.saved_ns / max(base - self.saved_ns, 1.0), 0.0)
 
 
+NOISE_DRAWS = 8
+"""Noisy steps :func:`whatif` plays per question (the same draws with and without the fix)."""
+
+
+def noise_factors(p: StepProfile, draws: int = NOISE_DRAWS, seed: int = 0) -> np.ndarray | None:
+    """``(2, draws, world_size, num_microbatches)`` log-normal factors of ``p.noise`` for
+    the forward and backward work (``None`` when the profile has no noise). A fixed seed
+    gives every question about one job the same draws."""
+    if p.noise <= 0.0 or draws <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((2, draws, *p.fwd_ns.shape), dtype=np.float32)
+    return np.exp(np.float32(p.noise) * z, out=z)
+
+
+def expected_step(p: StepProfile, factors: np.ndarray | None) -> float:
+    """The mean step time over noisy steps: the profile's forward/backward medians times
+    ``factors`` (:func:`noise_factors`; the profile's own step when ``None``). The draws
+    share one event loop (:func:`simulate_steps`)."""
+    if factors is None or np.isnan(p.fwd_ns).any() or np.isnan(p.bwd_ns).any():
+        return simulate_step(p)
+    return float(simulate_steps(p, p.fwd_ns[None] * factors[0], p.bwd_ns[None] * factors[1]).mean())
+
+
 def whatif(p: StepProfile, ranks: list[int] | None = None, group_id: str = "",
            suspects: list[int] | None = None) -> WhatIf:
     """Step time as observed vs with ``ranks`` (and/or ``group_id``'s link) at peer median.
@@ -326,7 +366,8 @@ def whatif(p: StepProfile, ranks: list[int] | None = None, group_id: str = "",
     fixed = fix_ranks(p, ranks) if ranks else p
     if group_id:
         fixed = fix_group(fixed, group_id)
-    return WhatIf(simulate_step(p), simulate_step(fixed), p.observed_step_ns)
+    factors = noise_factors(p)  # the same noisy steps with and without the fix
+    return WhatIf(expected_step(p, factors), expected_step(fixed, factors), p.observed_step_ns)
 
 
 def profile_from_frames(
@@ -344,6 +385,7 @@ def profile_from_frames(
     """
     n, num_mb = topo.world_size, max(int(num_microbatches), 1)
     fwd, bwd = np.zeros((n, num_mb)), np.zeros((n, num_mb))
+    noise = 0.0
     nsteps = max(breakdown["step"].nunique(), 1) if not breakdown.empty else 1
     if not sections.empty:
         sec = top_level_sections(sections)
@@ -351,16 +393,23 @@ def profile_from_frames(
         from .breakdown import nested_comm_ns
 
         sec = sec.assign(net_ns=np.maximum(sec["duration_ns"].to_numpy() - nested_comm_ns(sec, comm), 0))
+        spreads: list[np.ndarray] = []
         for name, target in (("forward", fwd), ("backward", bwd)):
             s = sec[sec["name"] == name]
             if s.empty:
                 continue
             mb = s["microbatch"].clip(lower=0) % num_mb
-            med = s.assign(mb=mb).groupby(["rank", "step", "mb"])["net_ns"].sum()
-            med = med.groupby(["rank", "mb"]).median()
+            per_step = s.assign(mb=mb).groupby(["rank", "step", "mb"])["net_ns"].sum()
+            med = per_step.groupby(["rank", "mb"]).median()
             for (r, m), v in med.items():
                 if 0 <= r < n:
                     target[int(r), int(m)] = v
+            own = per_step.to_numpy(dtype=float)
+            ref = med.reindex(per_step.index.droplevel("step")).to_numpy(dtype=float)
+            ok = (own > 0) & (ref > 0)
+            spreads.append(np.log(own[ok] / ref[ok]))
+        logs = np.concatenate(spreads) if spreads else np.zeros(0)
+        noise = mad_sigma(logs, 0.0) if logs.size >= 8 else 0.0
     pre, post = np.zeros(n), np.zeros(n)
     if not breakdown.empty:
         med = breakdown.groupby("rank")[["dataloader_ns", "untimed_ns", "other_ns", "optimizer_ns"]].median()
@@ -385,8 +434,8 @@ def profile_from_frames(
     observed = 0.0
     if not breakdown.empty:
         observed = float(breakdown.groupby("step")["step_ns"].max().median())
-    return StepProfile(topo, num_mb, fwd, bwd, pre, post, links, schedule, observed)
+    return StepProfile(topo, num_mb, fwd, bwd, pre, post, links, schedule, observed, noise)
 
 
 __all__ = ["P2P_OPS", "StepProfile", "WhatIf", "fix_group", "fix_ranks", "peer_ranks",
-           "profile_from_frames", "rank_stages", "schedule_order", "simulate_step", "typical", "whatif"]
+           "profile_from_frames", "rank_stages", "expected_step", "noise_factors", "schedule_order", "simulate_step", "simulate_steps", "typical", "whatif"]
