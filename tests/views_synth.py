@@ -1,34 +1,56 @@
 """A small, realistic 3D-parallel job as telemetry rows, for the dashboard/view tests.
 
-Played step by step like the reference trainer: per step a data-loading section, the
-1F1B pipeline schedule of forward/backward micro-batches (p2p send/recv between stages,
-a TP all-reduce nested in every forward/backward that waits for the slowest TP peer),
-a DP all-reduce of gradients, then the optimizer. Optional faults: a straggler rank
-(compute slowed by a factor from a step on) and a hang (a rank stuck in forward at a
-step: no more steps, in-flight records show who waits on whom).
+A thin front end over the fleet simulator's step model
+(:class:`fleetscope.sim.schedule.StepModel`, the one generator of synthetic telemetry)
+and its row builder (:class:`fleetscope.sim.stream.Fleet`): this file sets the part
+durations (``fwd_ms``, ``bwd_ms``; the rest fixed below) and the faults, as the same
+``--inject`` specs ``fleetscope train`` takes, and turns the tables into lists of row
+dicts for a JSON ``POST /ingest``. The schedule is therefore the reference trainer's:
+per step a ``dataloader`` section, the 1F1B pipeline of forward/backward micro-batches
+(blocking p2p send/recv between stages, the paired steady-state exchanges), a TP
+all-reduce inside every forward/backward that waits for the slowest TP peer (the last
+stage's LM head adds an all_gather forward and an all_reduce backward), a ``grad_sync``
+section around the DP all-reduce, then the optimizer.
+
+Faults: a straggler rank (``straggler:rank=R:factor=F:from_step=S``, compute slowed by
+a factor from a step on) and a hang (``hang:rank=R:step=S:where=compute``, the rank
+stuck in forward micro-batch 0 of that step). A hung job ends at the hang step: the
+ranks that finished their part of it have its records, the others none, and every rank
+has one in-flight record, its latest sample taken a minute into the hang, which shows
+who waits on whom (the hung rank in ``forward``, its TP peers in the all-reduce, the
+others in the recv or the DP all-reduce they need next).
+
+The agents' side is the fixture's own: one heartbeat per rank stamped when
+:meth:`SynthJob.build` runs (the agents are alive now) and a GPU temperature series.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from dataclasses import dataclass
+
+import numpy as np
+from fleetscope.sim.faults import FaultPlan, parse_sim_fault
+from fleetscope.sim.schedule import StepModel, Timing, pipeline_program
+from fleetscope.sim.stream import Fleet, Periods
 
 from fleetscope.topology import Topology
 
 MS = 1_000_000
+HANG_FOR_NS = 60_000 * MS
+"""How long into a hang the in-flight records are sampled."""
+PARTS_MS = {"dataloader": 1.0, "optimizer": 1.5, "grad_sync": 0.0, "dp_link": 1.0, "tp_link": 0.1,
+            "pp_link": 0.2, "gap": 0.0}
+"""The fixed part durations (ms) besides ``fwd_ms`` / ``bwd_ms``."""
+NOISE = 0.01
+"""Relative standard deviation of every duration (the step model's log-normal jitter)."""
+TOKENS = 4096
 
 
 def one_f_one_b(stage: int, num_stages: int, num_mb: int) -> list[tuple[str, int]]:
-    """The 1F1B op order of one pipeline stage: (``F``|``B``, micro-batch)."""
-    warm = min(num_stages - stage - 1, num_mb)
-    ops = [("F", m) for m in range(warm)]
-    f, b = warm, 0
-    while f < num_mb:
-        ops += [("F", f), ("B", b)]
-        f, b = f + 1, b + 1
-    ops += [("B", m) for m in range(b, num_mb)]
-    return ops
+    """The 1F1B op order of one pipeline stage: (``F``|``B``, micro-batch), from the
+    step model's own program of that stage."""
+    return [(ins[0], ins[1]) for ins in pipeline_program(stage, num_stages, num_mb) if ins[0] in ("F", "B")]
 
 
 @dataclass
@@ -47,179 +69,70 @@ class SynthJob:
     hang_step: int = -1
     host_of_rank: int = 4
     """Ranks per host (host names ``node-0``, ``node-1``...)."""
+    seed: int = 0
 
     def host(self, rank: int) -> str:
         return f"node-{rank // self.host_of_rank}"
 
+    def faults(self) -> list[str]:
+        """The job's faults as ``--inject`` specs."""
+        specs = []
+        if self.straggler_rank >= 0:
+            specs.append(f"straggler:rank={self.straggler_rank}:factor={self.straggler_factor}"
+                         f":from_step={self.straggler_from_step}")
+        if self.hang_rank >= 0 and self.hang_step >= 0:
+            specs.append(f"hang:rank={self.hang_rank}:step={self.hang_step}:where=compute")
+        return specs
+
     def build(self) -> dict[str, list[dict]]:
+        """Record type -> rows (sections, collectives, steps, inflight, heartbeats,
+        metrics, jobs)."""
         topo = self.topo
-        out: dict[str, list[dict]] = defaultdict(list)
-        clock = {r: self.t0_ns for r in topo.ranks()}
-        seq: dict[tuple[str, int], int] = defaultdict(int)
-        out["jobs"].append(self._jobs_row("running"))
-
-        def base(r: int) -> dict:
-            return {"job": self.job, "rank": r, "host": self.host(r)}
-
-        def coll(r, step, mb, axis, op, enq, done, peer=-1, state="completed"):
-            gid = topo.group_id(axis, r)
-            seq[(gid, r)] += 1
-            out["collectives"].append({
-                **base(r), "step": step, "microbatch": mb, "group_id": gid, "axis": axis,
-                "group_rank": topo.group_ranks(axis, r).index(r), "group_size": topo.size(axis),
-                "seq": seq[(gid, r)], "op": op, "bytes": 1 << 20, "dtype": "float32", "peer": peer,
-                "state": state, "enqueued_ns": int(enq), "started_ns": int(enq),
-                "completed_ns": int(done) if state == "completed" else -1,
-                "duration_ns": int(done - enq) if state == "completed" else -1,
-            })
-
-        def section(r, step, mb, name, kind, start, end):
-            out["sections"].append({
-                **base(r), "step": step, "microbatch": mb, "name": name, "kind": kind,
-                "start_ns": int(start), "end_ns": int(end), "duration_ns": int(end - start),
-            })
-
-        for step in range(self.num_steps):
-            hanging = step == self.hang_step
-            step_start = dict(clock)
-            for r in topo.ranks():
-                dl = 1.0 * MS * (1 + 0.01 * ((r * 7 + step) % 5))
-                section(r, step, -1, "dataloader", "dataloader", clock[r], clock[r] + dl)
-                clock[r] += dl
-            ready: dict[tuple[str, int, int, int, int], float] = {}  # (F|B, mb, stage, dp, tp) -> done
-            schedules = {s: one_f_one_b(s, topo.pp, self.num_mb) for s in range(topo.pp)}
-            pos = {r: 0 for r in topo.ranks()}
-            stuck: set[int] = set()
-            progress = True
-            while progress:
-                progress = False
-                for stage in range(topo.pp):
-                    for d in range(topo.dp):
-                        group = [topo.rank(dp=d, pp=stage, tp=t) for t in range(topo.tp)]
-                        i = pos[group[0]]
-                        if i >= len(schedules[stage]) or any(r in stuck for r in group):
-                            continue
-                        kind, mb = schedules[stage][i]
-                        src = stage - 1 if kind == "F" else stage + 1
-                        need = 0 <= src < topo.pp
-                        if need and (kind, mb, src, d, 0) not in ready:
-                            continue
-                        progress = True
-                        for r in group:
-                            pos[r] += 1
-                        name = "forward" if kind == "F" else "backward"
-                        arrive = {}
-                        for r in group:
-                            t = clock[r]
-                            if need:
-                                peer = topo.rank(dp=d, pp=src, tp=topo.coords(r).tp)
-                                done = max(t, ready[(kind, mb, src, d, 0)]) + 0.2 * MS
-                                coll(r, step, mb, "pp", "recv", t, done, peer=peer)
-                                t = done
-                            dur = (self.fwd_ms if kind == "F" else self.bwd_ms) * MS
-                            dur *= 1 + 0.01 * ((r * 13 + step * 3 + mb) % 4)
-                            if r == self.straggler_rank and step >= self.straggler_from_step:
-                                dur *= self.straggler_factor
-                            arrive[r] = (t, t + dur)
-                        if hanging and self.hang_rank in group and kind == "F" and mb == 0:
-                            self._hang(out, group, arrive, step, coll, section, stuck, clock, seq)
-                            continue
-                        sync = max(e for _, e in arrive.values()) + 0.1 * MS
-                        for r in group:
-                            s, e = arrive[r]
-                            coll(r, step, mb, "tp", "all_reduce", e, sync)
-                            section(r, step, mb, name, "compute", s, sync)
-                            clock[r] = sync
-                            dst = stage + 1 if kind == "F" else stage - 1
-                            if 0 <= dst < topo.pp:
-                                peer = topo.rank(dp=d, pp=dst, tp=topo.coords(r).tp)
-                                coll(r, step, mb, "pp", "send", sync, sync + 0.2 * MS, peer=peer)
-                                clock[r] = sync + 0.2 * MS
-                        ready[(kind, mb, stage, d, 0)] = clock[group[0]]
-            if hanging:
-                self._waiters(out, stuck, pos, schedules, clock, step, seq)
-                break
-            for stage in range(topo.pp):  # DP all-reduce of gradients, then optimizer
-                for t in range(topo.tp):
-                    group = topo.group_ranks("dp", topo.rank(pp=stage, tp=t))
-                    sync = max(clock[r] for r in group) + 1.0 * MS
-                    for r in group:
-                        coll(r, step, -1, "dp", "all_reduce", clock[r], sync)
-                        section(r, step, -1, "optimizer", "optimizer", sync, sync + 1.5 * MS)
-                        clock[r] = sync + 1.5 * MS
-            for r in topo.ranks():
-                out["steps"].append({
-                    **base(r), "step": step, "start_ns": int(step_start[r]), "end_ns": int(clock[r]),
-                    "duration_ns": int(clock[r] - step_start[r]), "num_microbatches": self.num_mb,
-                    "tokens": 4096,
-                })
-        end = max(clock.values())
+        n = topo.world_size
+        num_hosts = -(-n // self.host_of_rank)
+        plan = FaultPlan([parse_sim_fault(s, n, num_hosts) for s in self.faults()], n, self.host_of_rank)
+        parts = {k: v * MS for k, v in PARTS_MS.items()} | {"forward": self.fwd_ms * MS, "backward": self.bwd_ms * MS}
+        model = StepModel(topo, self.num_mb, tp_ops=1, timing=Timing(noise=NOISE, rank_spread=0.0), faults=plan,
+                          seed=self.seed, parts_ns=parts, act_bytes=1 << 20, grad_bytes=1 << 20, tp_bytes=1 << 20)
+        fleet = Fleet(model.layout, self.job, self.t0_ns, self.host_of_rank,
+                      [f"node-{h}" for h in range(num_hosts)], self.num_mb, TOKENS, Periods(), seed=self.seed)
+        fleet.set_phase(model.phase)
+        hangs = self.hang_rank >= 0 and self.hang_step >= 0
+        last = self.hang_step if hangs else self.num_steps - 1
+        clock = np.zeros(model.layout.shape)
+        end_rel = 0.0
+        for step in range(min(last + 1, self.num_steps)):
+            out = model.play(step, clock)
+            fleet.add_step(out)
+            for t in (out.steps["end"], out.collectives["done"], out.sections["end"]):
+                t = t[np.isfinite(t)]
+                end_rel = max(end_rel, float(t.max(initial=0.0)))
+            clock = out.end
+        tables = fleet.take(end_rel + (HANG_FOR_NS if hangs else 0.0))
+        rows = {k: _rows(tables[k][0]) if k in tables else [] for k in ("sections", "collectives", "steps")}
+        latest: dict[int, dict] = {}
+        if hangs and "inflight" in tables:
+            for x in _rows(tables["inflight"][0]):
+                if x["rank"] not in latest or x["ts_ns"] >= latest[x["rank"]]["ts_ns"]:
+                    latest[x["rank"]] = x
+        rows["inflight"] = [latest[r] for r in sorted(latest)]
+        end = self.t0_ns + int(end_rel)
+        last_step = {r: -1 for r in topo.ranks()}
+        for s in rows["steps"]:
+            last_step[s["rank"]] = max(last_step[s["rank"]], s["step"])
         beat = time.time_ns()
-        for r in topo.ranks():
-            out["heartbeats"].append({
-                "ts_ns": beat, "job": self.job, "host": self.host(r), "rank": r,
-                "local_rank": r % self.host_of_rank, "pid": 1000 + r, "alive": True,
-                "last_record_ns": int(end), "last_step": self.num_steps - 1,
-            })
-            for i in range(3):
-                out["metrics"].append({
-                    "ts_ns": int(self.t0_ns + i * (end - self.t0_ns) / 2), "job": self.job,
-                    "host": self.host(r), "rank": r, "source": "gpu", "device": f"gpu{r % 4}",
-                    "name": "gpu.temperature_c", "value": 60.0 + r + 3 * i,
-                })
-        if self.hang_step < 0:
-            out["jobs"].append({**self._jobs_row("finished"), "ts_ns": int(end)})
-        return dict(out)
-
-    def _hang(self, out, group, arrive, step, coll, section, stuck, clock, seq):
-        """The hang rank never leaves forward mb 0; its TP peers wait in all_reduce."""
-        topo = self.topo
-        for r in group:
-            s, e = arrive[r]
-            stuck.add(r)
-            if r == self.hang_rank:
-                out["inflight"].append({
-                    "job": self.job, "rank": r, "host": self.host(r), "ts_ns": int(s + 60_000 * MS),
-                    "step": step, "kind": "section", "op": "forward", "since_ns": int(s),
-                })
-            else:
-                gid = topo.group_id("tp", r)
-                coll(r, step, 0, "tp", "all_reduce", e, e, state="started")
-                out["inflight"].append({
-                    "job": self.job, "rank": r, "host": self.host(r), "ts_ns": int(e + 60_000 * MS),
-                    "step": step, "kind": "collective", "op": "all_reduce", "group_id": gid, "axis": "tp",
-                    "seq": seq[(gid, r)], "since_ns": int(e),
-                })
-            clock[r] = s
-
-    def _waiters(self, out, stuck, pos, schedules, clock, step, seq):
-        """Every other rank blocks in the recv it needs next (or the DP all-reduce)."""
-        topo = self.topo
-        for r in topo.ranks():
-            if r in stuck:
-                continue
-            c = topo.coords(r)
-            i = pos[r]
-            if i < len(schedules[c.pp]):
-                kind, mb = schedules[c.pp][i]
-                src = c.pp - 1 if kind == "F" else c.pp + 1
-                peer = topo.rank(dp=c.dp, pp=src, tp=c.tp)
-                gid = topo.group_id("pp", r)
-                seq[(gid, r)] += 1
-                out["collectives"].append({
-                    "job": self.job, "rank": r, "host": self.host(r), "step": step, "microbatch": mb,
-                    "group_id": gid, "axis": "pp", "group_rank": c.pp, "group_size": topo.pp,
-                    "seq": seq[(gid, r)], "op": "recv", "peer": peer, "state": "started",
-                    "enqueued_ns": int(clock[r]), "started_ns": int(clock[r]),
-                })
-                rec = {"kind": "p2p", "op": "recv", "group_id": gid, "axis": "pp", "seq": seq[(gid, r)], "peer": peer}
-            else:
-                gid = topo.group_id("dp", r)
-                rec = {"kind": "collective", "op": "all_reduce", "group_id": gid, "axis": "dp", "seq": seq[(gid, r)] + 1}
-            out["inflight"].append({
-                "job": self.job, "rank": r, "host": self.host(r), "ts_ns": int(clock[r] + 60_000 * MS),
-                "step": step, "since_ns": int(clock[r]), **rec,
-            })
+        rows["heartbeats"] = [{
+            "ts_ns": beat, "job": self.job, "host": self.host(r), "rank": r, "local_rank": r % self.host_of_rank,
+            "pid": 1000 + r, "alive": True, "last_record_ns": end, "last_step": last_step[r],
+        } for r in topo.ranks()]  # fmt: skip
+        rows["metrics"] = [{
+            "ts_ns": int(self.t0_ns + i * (end - self.t0_ns) / 2), "job": self.job, "host": self.host(r), "rank": r,
+            "source": "gpu", "device": f"gpu{r % 4}", "name": "gpu.temperature_c", "value": 60.0 + r + 3 * i,
+        } for r in topo.ranks() for i in range(3)]  # fmt: skip
+        rows["jobs"] = [self._jobs_row("running")]
+        if not hangs:
+            rows["jobs"].append({**self._jobs_row("finished"), "ts_ns": end})
+        return rows
 
     def _jobs_row(self, status: str) -> dict:
         return {
@@ -228,6 +141,12 @@ class SynthJob:
             "model_flops_per_step": 4.0e12, "device_name": "cpu", "device_peak_flops": 1.0e14,
             "status": status, "host": self.host(0),
         }
+
+
+def _rows(table) -> list[dict]:
+    """A table's rows as dicts for JSON, a NaN (no loss on this stage) left to the
+    schema's default."""
+    return [{k: v for k, v in x.items() if v == v} for x in table.to_pylist()]
 
 
 def span_rows(rec: dict, step: int) -> list[dict]:
