@@ -15,6 +15,9 @@ from typing import Any
 
 PREFLIGHT = "fleetscope.kernels.preflight:check_before_training"
 """The quick self-check a trainer runs on every rank before step 0 (``--preflight``)."""
+DASHBOARD_MOUNT = "fleetscope.dashboard.mount:mount_dashboard"
+"""Mounts the Dash UI at ``/ui`` of the server's app (``fleetscope server``); the UI
+itself reaches the server over REST only."""
 
 
 class ComponentMissing(RuntimeError):

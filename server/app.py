@@ -230,9 +230,14 @@ def _local_docs(app: FastAPI) -> None:
 
 
 def _mount_ui(app: FastAPI, settings: Settings) -> None:
+    """The dashboard at ``/ui``, when the dashboard component is installed: found by name
+    (:data:`fleetscope.components.DASHBOARD_MOUNT`), so the server imports nothing of it."""
+    from fleetscope import components
+
     try:
-        from fleetscope.dashboard.mount import mount_dashboard  # type: ignore[import-not-found]
-    except ImportError:
+        mount_dashboard = components.resolve(components.DASHBOARD_MOUNT)
+    except (components.ComponentMissing, ImportError) as e:  # no dashboard extra: no /ui
+        log.info("no dashboard at /ui: %s", e)
         return
     from fleetscope.server.api.deps import authority
     from fleetscope.server.api.guards import UiGate

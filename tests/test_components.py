@@ -40,3 +40,9 @@ def test_train_preflight_without_the_kernels_is_a_cli_error(monkeypatch) -> None
         build_config(args)
     monkeypatch.undo()
     assert build_config(args).preflight is True
+
+
+def test_the_dashboard_mount_is_found_by_name() -> None:
+    from fleetscope.dashboard.mount import mount_dashboard
+
+    assert components.resolve(components.DASHBOARD_MOUNT) is mount_dashboard

@@ -14,13 +14,7 @@ from tests.helpers.layers import LAYERS, REPO, Violation, check_tree, layer_of, 
 
 # Deliberate exceptions: (file, imported module prefix, reason). A line that no longer
 # matches an import is reported, so delete it once the import is gone.
-ALLOWED: tuple[tuple[str, str, str], ...] = (
-    # Design exception, not a to-do: `fleetscope server` serves the dashboard at /ui, and
-    # the app factory is the one composition point (DESIGN: "only the app factory wires").
-    # The import is lazy and optional (no dashboard extra -> no /ui); the dashboard itself
-    # still reaches the server over REST only.
-    ("server/app.py", "fleetscope.dashboard.mount", "the /ui mount in the app factory"),
-)
+ALLOWED: tuple[tuple[str, str, str], ...] = ()
 
 
 def _allowed(v: Violation) -> bool:
