@@ -17,22 +17,25 @@ Per rank, per step, the evidence increment is
   step-to-step differences, :func:`.robust.diff_sigma`, which the onset of a slowdown does
   not inflate): a rank on a noisy host is judged against its own noise, not its quiet
   peers';
-* ``c`` (3): one long step (a GC pause, a preemption) adds at most ``c s_r``;
+* ``c`` (3): one long step (a GC pause, a preemption) adds at most ``b_r = max(c s_r,
+  3 kappa)`` (so a 1.2x step is not clipped on a quiet host);
 * ``kappa`` = ln 1.1: half the smallest slowdown worth naming (1.2x, ln 1.2 / 2).
 
 and the statistic is S_t = max(0, S_{t-1} + y_t) (Page's CUSUM; vectorised as the
 cumulative sum minus its running minimum). A rank is flagged when S at the latest step
 reaches ``h_r = ln(N x C / alpha) / theta_r``:
 
-* under no slowdown E[exp(theta_r y)] <= 1 for ``theta_r`` = the smaller of the Gaussian
-  root 2 kappa / s_r^2 and the root of the pooled empirical moment
-  mean(exp(theta y)) = 1 over every rank-step of the window (heavy or skewed tails give a
-  smaller root, so a larger threshold); then exp(theta_r S_t) is dominated by a
-  supermartingale and, by Ville's inequality, P(S_t >= h_r) <= exp(-theta_r h_r) at each
-  step;
+* under no slowdown E[exp(theta_r y)] <= 1 for ``theta_r = lambda x 2 kappa / s_r^2``
+  (the Gaussian root at the rank's own scale) where ``lambda`` <= 1 is the root of the
+  pooled empirical moment mean(exp(lambda theta_r y)) = 1 over every rank-step of the
+  window (heavy or skewed tails give lambda < 1, so a larger threshold); then
+  exp(theta_r S_t) is dominated by a supermartingale and, by Ville's inequality,
+  P(S_t >= h_r) <= exp(-theta_r h_r) at each step;
 * Bonferroni over ``N`` = max(ranks of the job, ``fleet_ranks`` = 12,288) ranks and ``C``
   tested components: P(any false finding at a given step of a 12,288-rank job) <=
-  ``alpha`` (1e-4).
+  ``alpha`` (1e-4);
+* and at least ``min_steps`` (3) steps at the clip, ``3 (b_r - kappa)``: on a very quiet
+  host one or two long steps cannot name a rank.
 
 Expected delay for a slowdown of ``f`` (log ratio d = ln f): about
 h / (d - kappa) steps; with Gaussian per-step noise s this is
@@ -66,7 +69,7 @@ class CusumConfig:
     alpha: float = 1e-4
     """P(a false finding at a given step of such a job), all ranks and components together."""
     min_steps: int = 3
-    """Judge no rank on fewer steps."""
+    """Judge no rank on fewer steps, and never name one on fewer steps at the clip."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ class CusumResult:
     onset: np.ndarray
     """Column index of the change point per rank (first step of the final excursion)."""
     theta: float
-    """The pooled root used (before the per-rank Gaussian bound)."""
+    """lambda: the per-rank Gaussian roots are scaled by this (1: the Gaussian holds)."""
     num_steps: int
     """Columns judged."""
 
@@ -98,8 +101,10 @@ def empirical_root(y: np.ndarray, upper: float) -> float:
     if y.size == 0 or y.mean() >= 0:
         return 0.0
 
-    def g(t: float) -> float:
-        return float(np.mean(np.exp(t * y))) - 1.0
+    def g(t: float) -> float:  # log mean exp(t y), without overflow
+        z = t * y
+        top = float(z.max())
+        return top + math.log(float(np.mean(np.exp(z - top))))
 
     if g(upper) <= 0:
         return upper
@@ -133,7 +138,8 @@ def cusum(x: np.ndarray, pooled_sigma: float, num_components: int, num_ranks: in
     dev = x - m
     own = diff_sigma(dev)
     s = np.maximum(np.maximum(pooled_sigma, own), 1e-3)
-    clipped = np.clip(dev, -config.clip * s[:, None], config.clip * s[:, None])
+    bound = np.maximum(config.clip * s, 3 * config.kappa)  # a 1.2x step passes unclipped
+    clipped = np.clip(dev, -bound[:, None], bound[:, None])
     # skewed noise (preemption only ever adds time) has a clipped mean above its median:
     # centre on the typical rank's clipped mean (a median over ranks, so a few slow ranks
     # do not move it); under exchangeable ranks a healthy rank's increments then average
@@ -141,11 +147,14 @@ def cusum(x: np.ndarray, pooled_sigma: float, num_components: int, num_ranks: in
     centre = float(np.median(clipped.mean(axis=1)))
     y = clipped - centre - config.kappa
     gauss = 2 * config.kappa / s ** 2
-    theta_pool = empirical_root(y.ravel(), float(gauss.max()))
-    theta = np.minimum(gauss, theta_pool) if theta_pool > 0 else np.zeros(num_rows)
+    # the pooled moment, each rank at its own Gaussian root: mean(exp(lam theta_r y)) = 1
+    lam = empirical_root((gauss[:, None] * y).ravel(), 1.0)
+    theta = lam * gauss
     log_tests = math.log(max(num_ranks, config.fleet_ranks) * max(num_components, 1) / config.alpha)
     with np.errstate(divide="ignore"):
         h = np.where(theta > 0, log_tests / np.maximum(theta, 1e-300), np.inf)
+    # and never fewer than ``min_steps`` steps at the clip: one or two long steps name nobody
+    h = np.maximum(h, config.min_steps * (bound - config.kappa))
     c = np.concatenate([np.zeros((num_rows, 1)), np.cumsum(y, axis=1)], axis=1)
     low = np.minimum.accumulate(c, axis=1)
     stat = c[:, -1] - low[:, -1]
@@ -153,4 +162,4 @@ def cusum(x: np.ndarray, pooled_sigma: float, num_components: int, num_ranks: in
     at_min = c <= low + 1e-12
     last_min = num_steps - np.argmax(at_min[:, ::-1], axis=1)  # index into c; == column of onset
     onset = np.minimum(last_min, num_steps - 1).astype(np.int64)
-    return CusumResult(stat >= h, stat, h, onset, theta_pool, num_steps)
+    return CusumResult(stat >= h, stat, h, onset, lam, num_steps)

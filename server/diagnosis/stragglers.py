@@ -278,14 +278,17 @@ def detect_stragglers(
             lead = None if persistent[i] else max(hits, key=lambda c: comp_score[c][i])
             n = int(run_busy[i]) if lead is None else int(comp_run[lead][i])
             n = max(n, min(config.scan_min_steps, len(steps)))
-            # onset: where the final run of steps above half the run's median effect begins,
-            # or the CUSUM's change point when the CUSUM alone named the rank
+            # onset: the CUSUM's change point when the CUSUM names the rank, else where the
+            # final run of steps above half the run's median effect begins
             series = lr[i] if lead is None else comp_lr[lead][i]
-            seq = cus["busy_ns" if lead is None else lead]
             half = max(float(np.median(series[-n:])) / 2, math.log1p(config.min_effect) / 2)
             above = series > half
             first = steps[_run_start(above)] if above[-1] else steps[-n]
-            if seq.hit[i] and n == len(steps) - int(seq.onset[i]):
+            # the strongest CUSUM that names the rank (own work or a component) dates it
+            named = [k for k in ("busy_ns", *hits) if cus[k].hit[i]]
+            seq = cus[max(named, key=lambda k: cus[k].score[i])] if named else cus[
+                "busy_ns" if lead is None else lead]
+            if seq.hit[i]:
                 first = steps[int(seq.onset[i])]
             # the magnitudes are measured over the steps since the onset (not before it)
             n = max(len(steps) - steps.index(first), min(config.scan_min_steps, len(steps)))
@@ -425,9 +428,8 @@ def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig) -> tuple[np.nda
 def _with_cusum(hit: np.ndarray, score: np.ndarray, run: np.ndarray,
                 seq: CusumResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The scans' (flagged, score, run length) joined with the CUSUM's: a rank the CUSUM
-    alone flags is judged on the steps since its change point."""
-    only = seq.hit & ~hit
-    run = np.where(only, np.maximum(seq.num_steps - seq.onset, 1), run)
+    flags is judged on the steps since its change point."""
+    run = np.where(seq.hit, np.maximum(seq.num_steps - seq.onset, 1), run)
     return hit | seq.hit, np.maximum(score, np.where(seq.hit, seq.score, 0.0)), run
 
 
