@@ -109,7 +109,7 @@ def empirical_root(y: np.ndarray, upper: float) -> float:
     if g(upper) <= 0:
         return upper
     lo, hi = 0.0, upper
-    for _ in range(40):  # bisection: g < 0 on (0, root), > 0 after it (g is convex, g(0) = 0)
+    for _ in range(20):  # bisection (to 1e-6 of the upper end): g < 0 on (0, root), > 0 after it (g is convex, g(0) = 0)
         mid = (lo + hi) / 2
         if g(mid) <= 0:
             lo = mid
@@ -119,7 +119,7 @@ def empirical_root(y: np.ndarray, upper: float) -> float:
 
 
 def cusum(x: np.ndarray, pooled_sigma: float, num_components: int, num_ranks: int,
-          config: CusumConfig = CusumConfig()) -> CusumResult:
+          config: CusumConfig = CusumConfig(), row_sigma: np.ndarray | None = None) -> CusumResult:
     """One-sided CUSUM per row of ``x`` (ranks x steps log ratios, oldest first).
 
     Args:
@@ -128,6 +128,8 @@ def cusum(x: np.ndarray, pooled_sigma: float, num_components: int, num_ranks: in
         num_components: components tested per rank (the Bonferroni factor C).
         num_ranks: ranks of the job (N = max(this, ``config.fleet_ranks``)).
         config: drift, clip, false-alarm rate.
+        row_sigma: each row's own noise, :func:`.robust.diff_sigma` of ``x`` (computed when
+            not given).
     """
     num_rows, num_steps = x.shape
     empty = np.zeros(num_rows)
@@ -136,7 +138,7 @@ def cusum(x: np.ndarray, pooled_sigma: float, num_components: int, num_ranks: in
                            np.zeros(num_rows, dtype=np.int64), 0.0, num_steps)
     m = float(np.median(x))
     dev = x - m
-    own = diff_sigma(dev)
+    own = diff_sigma(dev) if row_sigma is None else row_sigma
     s = np.maximum(np.maximum(pooled_sigma, own), 1e-3)
     bound = np.maximum(config.clip * s, 3 * config.kappa)  # a 1.2x step passes unclipped
     clipped = np.clip(dev, -bound[:, None], bound[:, None])

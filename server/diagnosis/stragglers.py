@@ -231,10 +231,10 @@ def detect_stragglers(
     sigma = _sigma(lr)
     k = min(config.recent_steps, len(steps))
     thr = max(math.log1p(config.min_effect), config.z * MEDIAN_SE_FACTOR * sigma / math.sqrt(k))
-    persistent, score_busy, run_busy = _scan(lr, sigma, config)
     num_tests = 1 + len(MEASURED)  # own work and each measured component: C of the Bonferroni
-    cus: dict[str, CusumResult] = {"busy_ns": cusum(lr, _robust_sigma(lr), num_tests, topo.world_size,
-                                                    config.cusum)}
+    pooled, row = _robust_sigma(lr), _row_sigma(lr)
+    persistent, score_busy, run_busy = _scan(lr, pooled, config, row)
+    cus: dict[str, CusumResult] = {"busy_ns": cusum(lr, pooled, num_tests, topo.world_size, config.cusum, row)}
     persistent, score_busy, run_busy = _with_cusum(persistent, score_busy, run_busy, cus["busy_ns"])
     # per rank: its own noise (MAD about its median; sparse pauses barely move it) when
     # larger than the pool's, so a rank on a noisy host does not count its noise as pauses
@@ -258,8 +258,9 @@ def detect_stragglers(
     for c in MEASURED:
         lr_c = _log_ratio(comps[c], comp_refs[c])
         comp_lr[c] = lr_c
-        hit, sc, run = _scan(lr_c, _sigma(lr_c), config)
-        cus[c] = cusum(lr_c, _robust_sigma(lr_c), num_tests, topo.world_size, config.cusum)
+        pooled, row = _robust_sigma(lr_c), _row_sigma(lr_c)
+        hit, sc, run = _scan(lr_c, pooled, config, row)
+        cus[c] = cusum(lr_c, pooled, num_tests, topo.world_size, config.cusum, row)
         hit, sc, run = _with_cusum(hit, sc, run, cus[c])
         top = _top_test(comps[c], groups, config)
         run = np.where(hit, run, np.where(top, min(config.top_steps, len(steps)), k))
@@ -368,7 +369,8 @@ def _binom_sf(h: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:
     return np.where(j >= h[..., None], terms, 0.0).sum(axis=-1)
 
 
-def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig,
+          row_sigma: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sequential test on log ratios (ranks x steps, oldest first) over runs of the latest
     ``n`` steps, ``scan_min_steps <= n <= steps``; a rank is flagged by either
 
@@ -392,7 +394,7 @@ def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig) -> tuple[np.nda
     floor = math.log1p(config.min_effect)
     # a rank on a noisy host is judged against its own noise when that is larger than the
     # pool's (its median wanders further; it is not slower)
-    sigma = np.maximum(max(sigma, _robust_sigma(lr)), _row_sigma(lr))
+    sigma = np.maximum(max(sigma, _robust_sigma(lr)), _row_sigma(lr) if row_sigma is None else row_sigma)
     exceed = {L: lr > math.log(L) for L in config.levels}
     p_other = {}
     for L, e in exceed.items():  # leave-one-out rate of exceeding L, with a pseudo-count
