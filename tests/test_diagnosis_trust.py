@@ -310,7 +310,7 @@ def test_cusum_names_no_healthy_rank_of_12288_and_its_tail_obeys_the_bound():
 
 def test_cusum_delay_for_1_2x_follows_the_noise():
     # expected delay ~ ln(N C / alpha) s^2 / (2 kappa (ln 1.2 - kappa)): ~13 steps at s = 0.1,
-    # ~190 at s = 0.38 (the reference trainer's compute on 2 shared CPU cores); below s ~ 0.09
+    # ~175 at s = 0.38 (the reference trainer's compute on 2 shared CPU cores); below s ~ 0.09
     # the 3-steps-at-the-clip floor sets it (~7 steps)
     rng = np.random.default_rng(3)
     for sigma, steps, onset, within in ((0.05, 40, 10, 12), (0.1, 60, 10, 25), (0.4, 400, 10, 330)):
@@ -371,8 +371,8 @@ def _frame(topo: Topology, steps: int, sigma: float, seed: int, slow: tuple[int,
 
 
 def test_large_clean_jobs_with_a_noisy_host_and_machine_load_have_no_findings():
-    # 2,048 ranks; before the change one host's 3x-noisier ranks were named slow_compute
-    # (slowest-of-stage test) or gc_pause (spike count) on every seed
+    # 2,048 ranks; before the change 1-2 of one host's 3x-noisier ranks were named
+    # slow_compute (slowest-of-stage test) on every seed
     topo = Topology(dp=256, tp=4, pp=2)
     for seed in range(3):
         bd = _frame(topo, 24, 0.3, seed)

@@ -39,12 +39,14 @@ reaches ``h_r = ln(N x C / alpha) / theta_r``:
 
 Expected delay for a slowdown of ``f`` (log ratio d = ln f): about
 h / (d - kappa) steps; with Gaussian per-step noise s this is
-ln(N C / alpha) s^2 / (2 kappa (d - kappa)), i.e. ~1,300 s^2 steps for 1.2x at the default
-rate: 3 steps at s = 0.05, 13 at s = 0.1, 190 at s = 0.38 (the reference trainer's compute
-on 2 shared CPU cores at load 10-25). The change point is the step after the last zero of
-S before the crossing; the factor is measured over the steps since it.
+ln(N C / alpha) s^2 / (2 kappa (d - kappa)), i.e. ~1,200 s^2 steps for 1.2x at the default
+rate, and at least ~7 (3 steps at the clip): ~7 steps at s = 0.05, 12 at s = 0.1, ~175 at
+s = 0.38 (the reference trainer's compute on 2 shared CPU cores at load 7-25). The
+statistic restarts with each pass's window (24 steps): evidence is capped at the window.
+The change point is the step after the last zero of S before the crossing; the factor is
+measured over the steps since it.
 
-Cost: O(ranks x steps) numpy per component (a few passes for the empirical root), no raw
+Cost: O(ranks x steps) numpy per component (20 passes for the empirical root), no raw
 events.
 """
 
