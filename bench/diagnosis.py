@@ -278,6 +278,10 @@ class Result:
     hardware_joined: bool | None = None
     """Thermal scenario: the culprit's finding carries the GPU's throttle events."""
     extra_kinds: list[str] = field(default_factory=list)
+    noise: dict[str, float] = field(default_factory=dict)
+    """Straggler runs, from the spool: per-step noise of the injected component's log ratio
+    to its stage peers, the injected rank's median ratio after onset, the CUSUM's expected
+    steps to name 1.2x at that noise."""
     ok: bool = False
 
 
@@ -301,6 +305,52 @@ def job_step_s(spool_dir: Path, job: str, world: int, from_step: int) -> float |
         return None
     vals = sorted(v for k, v in per.items() if k < max(per))
     return vals[len(vals) // 2]
+
+
+def spool_frames(spool_dir: Path, job: str, world: int) -> dict:
+    """The sections, collectives and steps frames of ``job`` from its spool (all ranks)."""
+    import pandas as pd
+
+    out: dict[str, list] = {"sections": [], "collectives": [], "steps": []}
+    for r in range(world):
+        for seg in spool.list_segments(spool.rank_dir(spool_dir, job, r)):
+            for fr in spool.read_frames(seg):
+                if fr.corrupt:
+                    continue
+                t = codec.ipc_to_table(fr.payload)
+                kind = (t.schema.metadata or {}).get(b"fleetscope.record", b"").decode()
+                if kind in out:
+                    out[kind].append(t.to_pandas())
+    return {k: pd.concat(v, ignore_index=True) if v else pd.DataFrame() for k, v in out.items()}
+
+
+def spool_noise(spool_dir: Path, job: str, layout: tuple[int, int, int], rank: int, onset_step: int,
+                section: str) -> dict[str, float]:
+    """Per-step noise (robust sigma of the log ratio to the stage peers' median, the
+    detector's input) of ``section``'s component, ``rank``'s median ratio over the steps
+    from ``onset_step`` (first and last step left out), and the CUSUM's expected steps
+    for a 1.2x at that noise."""
+    import numpy as np
+    from fleetscope.server.diagnosis.breakdown import rank_step_breakdown
+    from fleetscope.server.diagnosis.sequential import expected_delay
+    from fleetscope.server.diagnosis.stragglers import stage_log_ratios
+
+    from fleetscope.topology import Topology
+
+    dp, tp, pp = layout
+    topo = Topology(dp=dp, tp=tp, pp=pp)
+    f = spool_frames(spool_dir, job, topo.world_size)
+    if f["steps"].empty:
+        return {}
+    bd, _ = rank_step_breakdown(f["sections"], f["collectives"], f["steps"])
+    bd = bd[(bd["step"] > bd["step"].min()) & (bd["step"] < bd["step"].max())]
+    ranks, steps, lr, sigma = stage_log_ratios(topo, bd, "dataloader_ns" if section == "dataloader" else "compute_ns")
+    if rank not in ranks or not steps:
+        return {}
+    after = [j for j, st in enumerate(steps) if st >= onset_step]
+    ratio = float(np.exp(np.median(lr[ranks.index(rank), after]))) if after else float("nan")
+    return {"sigma": round(sigma, 3), "ratio": round(ratio, 3),
+            "cusum_steps_1.2x": round(expected_delay(sigma, 1.2, topo.world_size), 1)}
 
 
 FAKE_AGENT = """
@@ -377,6 +427,12 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
     res.straggler_findings = [(i["kind"], i["ranks"], i["group_id"]) for i in items if i["kind"] in STRAGGLER]
     if sc.paired:
         res.step_s = job_step_s(spool_dir, job, world, sc.onset_step + 2)
+        if sc.factor and sc.culprits:
+            section = "dataloader" if "section=dataloader" in " ".join(sc.inject) else "compute"
+            try:
+                res.noise = spool_noise(spool_dir, job, sc.layout, min(sc.culprits), sc.onset_step, section)
+            except Exception as e:  # the figure is a diagnostic; the run's verdict stands
+                print(f"    (noise of {tag} not measured: {e})", flush=True)
     onset = None
     if sc.culprits and not clean:
         onset = job_onset_ns(spool_dir, job, sc.culprits, sc.onset_step, world)
@@ -518,6 +574,10 @@ def print_row(sc: Scenario, r: Result) -> None:
           f"{(','.join(r.extra_kinds) or '-'):<22}{fac:<18}{wi:<18}"
           f"{fmt(r.to_finding_s):>7}{fmt(r.to_webhook_s):>8}  {'yes' if r.ok else 'NO'}"
           + (f"  hw-joined={r.hardware_joined}" if sc.throttle_rank >= 0 and not r.clean else ""), flush=True)
+    if r.noise:
+        print(f"    noise: per-step log-ratio sigma {r.noise['sigma']}, injected rank's median ratio after onset "
+              f"{r.noise['ratio']}, CUSUM needs ~{r.noise['cusum_steps_1.2x']:g} steps for 1.2x at this noise "
+              f"(window 24); load average (1 min) {r.load_1m}", flush=True)
     if r.stages:
         print(f"    {r.detected_by or 'hang'}: " + ", ".join(f"{k} {v}" for k, v in r.stages.items())
               + f"; paged culprits {r.paged_culprits} (+{r.paged_corrections} corrections);"

@@ -17,7 +17,7 @@ from fleetscope.server.diagnosis.findings import (
     Severity,
 )
 from fleetscope.server.diagnosis.hangs import keep_culprits
-from fleetscope.server.diagnosis.sequential import cusum
+from fleetscope.server.diagnosis.sequential import cusum, expected_delay
 from fleetscope.server.diagnosis.story import fold_secondary
 from fleetscope.server.diagnosis.stragglers import detect_stragglers
 from fleetscope.server.diagnosis.synthetic import MS, SynthJob
@@ -329,6 +329,8 @@ def test_cusum_delay_for_1_2x_follows_the_noise():
                 assert factor == pytest.approx(1.2, rel=0.10), (sigma, factor)
                 break
         assert delay is not None and delay <= within, (sigma, delay)
+        assert delay <= 2.5 * expected_delay(sigma, 1.2), (sigma, delay, expected_delay(sigma, 1.2))
+    assert expected_delay(0.38, 1.2) == pytest.approx(175, rel=0.05) and expected_delay(0.1, 1.1) == float("inf")
 
 
 def test_cusum_ignores_one_long_step_and_a_noisy_but_not_slow_rank():

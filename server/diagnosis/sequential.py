@@ -167,3 +167,18 @@ def cusum(x: np.ndarray, pooled_sigma: float, num_components: int, num_ranks: in
     last_min = num_steps - np.argmax(at_min[:, ::-1], axis=1)  # index into c; == column of onset
     onset = np.minimum(last_min, num_steps - 1).astype(np.int64)
     return CusumResult(stat >= h, stat, h, onset, lam, num_steps)
+
+
+def expected_delay(sigma: float, factor: float, num_ranks: int = 0, num_components: int = 5,
+                   config: CusumConfig = CusumConfig()) -> float:
+    """Steps the CUSUM needs, on average, to name a rank ``factor`` times its peers under
+    Gaussian per-step log-ratio noise ``sigma`` (threshold over mean increment, at least
+    ``min_steps`` steps at the clip); ``inf`` when ``factor`` is not above exp(kappa)."""
+    d = math.log(factor) - config.kappa
+    if d <= 0:
+        return math.inf
+    log_tests = math.log(max(num_ranks, config.fleet_ranks) * max(num_components, 1) / config.alpha)
+    s = max(sigma, 1e-3)
+    h = max(log_tests * s ** 2 / (2 * config.kappa),
+            config.min_steps * (max(config.clip * s, 3 * config.kappa) - config.kappa))
+    return h / d

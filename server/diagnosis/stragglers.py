@@ -105,6 +105,27 @@ class StragglerConfig:
     measured component: drift ln 1.1, false-alarm rate 1e-4 per step at 12,288 ranks."""
 
 
+def stage_log_ratios(topo: Topology, bd: pd.DataFrame, column: str = "compute_ns",
+                     window_steps: int = 0) -> tuple[list[int], list[int], np.ndarray, float]:
+    """The detector's input for one component, for benches and checks by hand: (ranks,
+    steps, per-step log ratio of each rank to the median of its other stage peers, the
+    pooled robust noise scale of those ratios) over the latest ``window_steps`` complete
+    steps (all when 0)."""
+    bd = bd[bd["rank"].between(0, topo.world_size - 1)]
+    bd = _window(bd, window_steps or int(bd["step"].nunique()))
+    steps = sorted(bd["step"].unique().tolist())
+    ranks = sorted(bd["rank"].unique().tolist())
+    if not ranks or not steps:
+        return ranks, steps, np.zeros((len(ranks), len(steps))), 0.0
+    idx = {r: i for i, r in enumerate(ranks)}
+    groups: dict[int, list[int]] = {}
+    for r, st in zip(ranks, rank_stages(topo)[ranks].tolist()):
+        groups.setdefault(st, []).append(idx[r])
+    x = _Grid(bd, ranks, steps).matrix(column)
+    lr = _log_ratio(x, _reference(x, list(groups.values())))
+    return ranks, steps, lr, _robust_sigma(lr)
+
+
 def _window(bd: pd.DataFrame, n: int) -> pd.DataFrame:
     counts = bd.groupby("step")["rank"].nunique()
     full = counts[counts >= counts.max()].index.sort_values()
