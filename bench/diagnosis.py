@@ -14,7 +14,10 @@ their order alternating by seed, so both see the same machine load), which gives
 
 Per run it prints the culprit, kind, extra finding kinds, factor vs injected, what-if vs
 measured and the time from fault onset (the rank's own step records in the spool) to
-the first matching incident and to the webhook. At the end: precision and recall per
+the first matching incident and to the webhook; under each straggler run, the per-step
+noise of the injected component (robust sigma of its log ratio to the stage peers, from the
+spool), the injected rank's median ratio after onset and the steps the CUSUM needs to name
+a 1.2x at that noise (the diagnosis window is 24 steps). At the end: precision and recall per
 scenario class and overall with Wilson 95% lower bounds, hang/crash culprit accuracy
 (final incident and first page), and the targets.
 
