@@ -26,6 +26,7 @@ scenario class and overall with Wilson 95% lower bounds, hang/crash culprit accu
     .venv/bin/python bench/diagnosis.py --only clean,hang-compute --seeds 1
     .venv/bin/python bench/diagnosis.py --list           # scenario names and classes
     .venv/bin/python bench/diagnosis.py --sweep          # detection floor vs timing noise (synthetic)
+    .venv/bin/python bench/diagnosis.py --detector-timing 12288   # pure straggler pass at 12,288 ranks
 
 Exit status 1 when a target is missed.
 """
@@ -618,6 +619,51 @@ def sweep(seeds: int = 5) -> int:
     return 0
 
 
+def detector_timing(world: int = 12_288, steps: int = 32, repeat: int = 3) -> int:
+    """Pure straggler-detector pass time (``detect_stragglers`` alone, no I/O) on a
+    per-rank-per-step frame of ``world`` ranks (tp4 x pp2 x dp) and ``steps`` steps (the detector
+    judges the latest 24): compute
+    with lognormal noise 0.1 (0.3 on one host's 8 ranks), every rank 2x slow for the middle
+    third, a 1.2x compute straggler on rank 1001 from step ``steps // 4``. Exit 1 when the
+    straggler is not the only finding."""
+    import numpy as np
+    import pandas as pd
+    from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
+    from fleetscope.server.diagnosis.stragglers import detect_stragglers
+
+    from fleetscope.topology import Topology
+
+    topo = Topology(dp=world // 8, tp=4, pp=2)
+    rng = np.random.default_rng(0)
+    sig = np.full((world, 1), 0.1)
+    sig[8:16] = 0.3
+    phase = np.ones(steps)
+    phase[steps // 3: 2 * steps // 3] = 2.0
+    comp = 30e6 * np.exp(sig * rng.standard_normal((world, steps))) * phase
+    comp[1001 % world, steps // 4:] *= 1.2
+    dl = 5e6 * (1 + rng.exponential(0.3, (world, steps))) * phase
+    opt = 4e6 * np.exp(0.1 * rng.standard_normal((world, steps))) * phase
+    unt = 1e6 * np.exp(0.3 * rng.standard_normal((world, steps)))
+    busy = comp + dl + opt + unt
+    step = np.broadcast_to(busy.max(axis=0) * 1.5, (world, steps))
+    rk, st = np.meshgrid(np.arange(world), np.arange(steps), indexing="ij")
+    bd = pd.DataFrame({"rank": rk.ravel(), "step": st.ravel(), "step_ns": step.ravel(),
+                       "comm_ns": (step - busy).ravel(), "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(),
+                       "compute_ns": comp.ravel(), "dataloader_ns": dl.ravel(), "optimizer_ns": opt.ravel(),
+                       "other_ns": 0.0, "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0,
+                       "num_collectives": 10})[list(BREAKDOWN_COLUMNS)]
+    times, found = [], []
+    for _ in range(max(repeat, 1)):
+        t = time.perf_counter()
+        found = detect_stragglers("timing", topo, bd, pd.DataFrame())
+        times.append(time.perf_counter() - t)
+    times.sort()
+    print(f"{world} ranks x {steps} steps: detect_stragglers min {times[0]:.2f} s, median {times[len(times) // 2]:.2f} s "
+          f"over {len(times)} passes; findings {[(f.kind.value, f.ranks, f.factor) for f in found]}; "
+          f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    return 0 if [f.ranks for f in found] == [(1001 % world,)] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="", help="comma-separated scenario names")
@@ -626,9 +672,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--sweep", action="store_true", help="only the synthetic detection-floor sweep")
+    ap.add_argument("--detector-timing", type=int, metavar="RANKS", default=0,
+                    help="only time the pure straggler detector on a synthetic RANKS x 32-step frame "
+                         "(e.g. 12288); exit 1 unless its 1.2x straggler is the only finding")
     args = ap.parse_args(argv)
     if args.sweep:
         return sweep()
+    if args.detector_timing:
+        if args.detector_timing % 8 or args.detector_timing < 16:
+            ap.error(f"--detector-timing must be a multiple of 8 and >= 16, got {args.detector_timing}")
+        return detector_timing(args.detector_timing)
     if args.list:
         for sc in SCENARIOS:
             print(f"{sc.name:<30} {sc.klass:<16} {'x'.join(map(str, sc.layout)):<6} {' '.join(sc.inject)}")
