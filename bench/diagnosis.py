@@ -14,7 +14,10 @@ their order alternating by seed, so both see the same machine load), which gives
 
 Per run it prints the culprit, kind, extra finding kinds, factor vs injected, what-if vs
 measured and the time from fault onset (the rank's own step records in the spool) to
-the first matching incident and to the webhook. At the end: precision and recall per
+the first matching incident and to the webhook; under each straggler run, the per-step
+noise of the injected component (robust sigma of its log ratio to the stage peers, from the
+spool), the injected rank's median ratio after onset and the steps the CUSUM needs to name
+a 1.2x at that noise (the diagnosis window is 24 steps). At the end: precision and recall per
 scenario class and overall with Wilson 95% lower bounds, hang/crash culprit accuracy
 (final incident and first page), and the targets.
 
@@ -23,6 +26,7 @@ scenario class and overall with Wilson 95% lower bounds, hang/crash culprit accu
     .venv/bin/python bench/diagnosis.py --only clean,hang-compute --seeds 1
     .venv/bin/python bench/diagnosis.py --list           # scenario names and classes
     .venv/bin/python bench/diagnosis.py --sweep          # detection floor vs timing noise (synthetic)
+    .venv/bin/python bench/diagnosis.py --detector-timing 12288   # pure straggler pass at 12,288 ranks
 
 Exit status 1 when a target is missed.
 """
@@ -278,6 +282,10 @@ class Result:
     hardware_joined: bool | None = None
     """Thermal scenario: the culprit's finding carries the GPU's throttle events."""
     extra_kinds: list[str] = field(default_factory=list)
+    noise: dict[str, float] = field(default_factory=dict)
+    """Straggler runs, from the spool: per-step noise of the injected component's log ratio
+    to its stage peers, the injected rank's median ratio after onset, the CUSUM's expected
+    steps to name 1.2x at that noise."""
     ok: bool = False
 
 
@@ -301,6 +309,52 @@ def job_step_s(spool_dir: Path, job: str, world: int, from_step: int) -> float |
         return None
     vals = sorted(v for k, v in per.items() if k < max(per))
     return vals[len(vals) // 2]
+
+
+def spool_frames(spool_dir: Path, job: str, world: int) -> dict:
+    """The sections, collectives and steps frames of ``job`` from its spool (all ranks)."""
+    import pandas as pd
+
+    out: dict[str, list] = {"sections": [], "collectives": [], "steps": []}
+    for r in range(world):
+        for seg in spool.list_segments(spool.rank_dir(spool_dir, job, r)):
+            for fr in spool.read_frames(seg):
+                if fr.corrupt:
+                    continue
+                t = codec.ipc_to_table(fr.payload)
+                kind = (t.schema.metadata or {}).get(b"fleetscope.record", b"").decode()
+                if kind in out:
+                    out[kind].append(t.to_pandas())
+    return {k: pd.concat(v, ignore_index=True) if v else pd.DataFrame() for k, v in out.items()}
+
+
+def spool_noise(spool_dir: Path, job: str, layout: tuple[int, int, int], rank: int, onset_step: int,
+                section: str) -> dict[str, float]:
+    """Per-step noise (robust sigma of the log ratio to the stage peers' median, the
+    detector's input) of ``section``'s component, ``rank``'s median ratio over the steps
+    from ``onset_step`` (first and last step left out), and the CUSUM's expected steps
+    for a 1.2x at that noise."""
+    import numpy as np
+    from fleetscope.server.diagnosis.breakdown import rank_step_breakdown
+    from fleetscope.server.diagnosis.sequential import expected_delay
+    from fleetscope.server.diagnosis.stragglers import stage_log_ratios
+
+    from fleetscope.topology import Topology
+
+    dp, tp, pp = layout
+    topo = Topology(dp=dp, tp=tp, pp=pp)
+    f = spool_frames(spool_dir, job, topo.world_size)
+    if f["steps"].empty:
+        return {}
+    bd, _ = rank_step_breakdown(f["sections"], f["collectives"], f["steps"])
+    bd = bd[(bd["step"] > bd["step"].min()) & (bd["step"] < bd["step"].max())]
+    ranks, steps, lr, sigma = stage_log_ratios(topo, bd, "dataloader_ns" if section == "dataloader" else "compute_ns")
+    if rank not in ranks or not steps:
+        return {}
+    after = [j for j, st in enumerate(steps) if st >= onset_step]
+    ratio = float(np.exp(np.median(lr[ranks.index(rank), after]))) if after else float("nan")
+    return {"sigma": round(sigma, 3), "ratio": round(ratio, 3),
+            "cusum_steps_1.2x": round(expected_delay(sigma, 1.2, topo.world_size), 1)}
 
 
 FAKE_AGENT = """
@@ -377,6 +431,12 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
     res.straggler_findings = [(i["kind"], i["ranks"], i["group_id"]) for i in items if i["kind"] in STRAGGLER]
     if sc.paired:
         res.step_s = job_step_s(spool_dir, job, world, sc.onset_step + 2)
+        if sc.factor and sc.culprits:
+            section = "dataloader" if "section=dataloader" in " ".join(sc.inject) else "compute"
+            try:
+                res.noise = spool_noise(spool_dir, job, sc.layout, min(sc.culprits), sc.onset_step, section)
+            except Exception as e:  # the figure is a diagnostic; the run's verdict stands
+                print(f"    (noise of {tag} not measured: {e})", flush=True)
     onset = None
     if sc.culprits and not clean:
         onset = job_onset_ns(spool_dir, job, sc.culprits, sc.onset_step, world)
@@ -518,6 +578,10 @@ def print_row(sc: Scenario, r: Result) -> None:
           f"{(','.join(r.extra_kinds) or '-'):<22}{fac:<18}{wi:<18}"
           f"{fmt(r.to_finding_s):>7}{fmt(r.to_webhook_s):>8}  {'yes' if r.ok else 'NO'}"
           + (f"  hw-joined={r.hardware_joined}" if sc.throttle_rank >= 0 and not r.clean else ""), flush=True)
+    if r.noise:
+        print(f"    noise: per-step log-ratio sigma {r.noise['sigma']}, injected rank's median ratio after onset "
+              f"{r.noise['ratio']}, CUSUM needs ~{r.noise['cusum_steps_1.2x']:g} steps for 1.2x at this noise "
+              f"(window 24); load average (1 min) {r.load_1m}", flush=True)
     if r.stages:
         print(f"    {r.detected_by or 'hang'}: " + ", ".join(f"{k} {v}" for k, v in r.stages.items())
               + f"; paged culprits {r.paged_culprits} (+{r.paged_corrections} corrections);"
@@ -557,6 +621,51 @@ def sweep(seeds: int = 5) -> int:
     return 0
 
 
+def detector_timing(world: int = 12_288, steps: int = 32, repeat: int = 3) -> int:
+    """Pure straggler-detector pass time (``detect_stragglers`` alone, no I/O) on a
+    per-rank-per-step frame of ``world`` ranks (tp4 x pp2 x dp) and ``steps`` steps (the detector
+    judges the latest 24): compute
+    with lognormal noise 0.1 (0.3 on one host's 8 ranks), every rank 2x slow for the middle
+    third, a 1.2x compute straggler on rank 1001 from step ``steps // 4``. Exit 1 when the
+    straggler is not the only finding."""
+    import numpy as np
+    import pandas as pd
+    from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
+    from fleetscope.server.diagnosis.stragglers import detect_stragglers
+
+    from fleetscope.topology import Topology
+
+    topo = Topology(dp=world // 8, tp=4, pp=2)
+    rng = np.random.default_rng(0)
+    sig = np.full((world, 1), 0.1)
+    sig[8:16] = 0.3
+    phase = np.ones(steps)
+    phase[steps // 3: 2 * steps // 3] = 2.0
+    comp = 30e6 * np.exp(sig * rng.standard_normal((world, steps))) * phase
+    comp[1001 % world, steps // 4:] *= 1.2
+    dl = 5e6 * (1 + rng.exponential(0.3, (world, steps))) * phase
+    opt = 4e6 * np.exp(0.1 * rng.standard_normal((world, steps))) * phase
+    unt = 1e6 * np.exp(0.3 * rng.standard_normal((world, steps)))
+    busy = comp + dl + opt + unt
+    step = np.broadcast_to(busy.max(axis=0) * 1.5, (world, steps))
+    rk, st = np.meshgrid(np.arange(world), np.arange(steps), indexing="ij")
+    bd = pd.DataFrame({"rank": rk.ravel(), "step": st.ravel(), "step_ns": step.ravel(),
+                       "comm_ns": (step - busy).ravel(), "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(),
+                       "compute_ns": comp.ravel(), "dataloader_ns": dl.ravel(), "optimizer_ns": opt.ravel(),
+                       "other_ns": 0.0, "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0,
+                       "num_collectives": 10})[list(BREAKDOWN_COLUMNS)]
+    times, found = [], []
+    for _ in range(max(repeat, 1)):
+        t = time.perf_counter()
+        found = detect_stragglers("timing", topo, bd, pd.DataFrame())
+        times.append(time.perf_counter() - t)
+    times.sort()
+    print(f"{world} ranks x {steps} steps: detect_stragglers min {times[0]:.2f} s, median {times[len(times) // 2]:.2f} s "
+          f"over {len(times)} passes; findings {[(f.kind.value, f.ranks, f.factor) for f in found]}; "
+          f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    return 0 if [f.ranks for f in found] == [(1001 % world,)] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="", help="comma-separated scenario names")
@@ -565,9 +674,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--sweep", action="store_true", help="only the synthetic detection-floor sweep")
+    ap.add_argument("--detector-timing", type=int, metavar="RANKS", default=0,
+                    help="only time the pure straggler detector on a synthetic RANKS x 32-step frame "
+                         "(e.g. 12288); exit 1 unless its 1.2x straggler is the only finding")
     args = ap.parse_args(argv)
     if args.sweep:
         return sweep()
+    if args.detector_timing:
+        if args.detector_timing % 8 or args.detector_timing < 16:
+            ap.error(f"--detector-timing must be a multiple of 8 and >= 16, got {args.detector_timing}")
+        return detector_timing(args.detector_timing)
     if args.list:
         for sc in SCENARIOS:
             print(f"{sc.name:<30} {sc.klass:<16} {'x'.join(map(str, sc.layout)):<6} {' '.join(sc.inject)}")

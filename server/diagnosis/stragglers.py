@@ -34,7 +34,8 @@ from fleetscope.topology import Topology
 
 from .breakdown import group_transfer
 from .findings import Finding, FindingKind, Severity
-from .robust import MEDIAN_SE_FACTOR, mad_sigma
+from .robust import MAD_TO_SIGMA, MEDIAN_SE_FACTOR, diff_sigma, mad_sigma
+from .sequential import CusumConfig, CusumResult, cusum
 from .whatif import StepProfile, rank_stages, whatif
 
 COMPONENT_KIND = {
@@ -99,6 +100,30 @@ class StragglerConfig:
     spike_alpha: float = 1e-3
     """GC-like pauses: a rank's spike count must be this unlikely under the other ranks'
     spike rate (Poisson), so machine-load spikes scattered over ranks name nobody."""
+    cusum: CusumConfig = CusumConfig()
+    """The CUSUM test (:mod:`.sequential`) run beside the scans on own work and each
+    measured component: drift ln 1.1, false-alarm rate 1e-4 per step at 12,288 ranks."""
+
+
+def stage_log_ratios(topo: Topology, bd: pd.DataFrame, column: str = "compute_ns",
+                     window_steps: int = 0) -> tuple[list[int], list[int], np.ndarray, float]:
+    """The detector's input for one component, for benches and checks by hand: (ranks,
+    steps, per-step log ratio of each rank to the median of its other stage peers, the
+    pooled robust noise scale of those ratios) over the latest ``window_steps`` complete
+    steps (all when 0)."""
+    bd = bd[bd["rank"].between(0, topo.world_size - 1)]
+    bd = _window(bd, window_steps or int(bd["step"].nunique()))
+    steps = sorted(bd["step"].unique().tolist())
+    ranks = sorted(bd["rank"].unique().tolist())
+    if not ranks or not steps:
+        return ranks, steps, np.zeros((len(ranks), len(steps))), 0.0
+    idx = {r: i for i, r in enumerate(ranks)}
+    groups: dict[int, list[int]] = {}
+    for r, st in zip(ranks, rank_stages(topo)[ranks].tolist()):
+        groups.setdefault(st, []).append(idx[r])
+    x = _Grid(bd, ranks, steps).matrix(column)
+    lr = _log_ratio(x, _reference(x, list(groups.values())))
+    return ranks, steps, lr, _robust_sigma(lr)
 
 
 def _window(bd: pd.DataFrame, n: int) -> pd.DataFrame:
@@ -227,9 +252,16 @@ def detect_stragglers(
     sigma = _sigma(lr)
     k = min(config.recent_steps, len(steps))
     thr = max(math.log1p(config.min_effect), config.z * MEDIAN_SE_FACTOR * sigma / math.sqrt(k))
-    persistent, score_busy, run_busy = _scan(lr, sigma, config)
-    spike_thr = max(math.log1p(config.spike_min_effect), config.spike_z * sigma)
-    spikes = (lr > spike_thr).sum(axis=1)
+    num_tests = 1 + len(MEASURED)  # own work and each measured component: C of the Bonferroni
+    pooled, row = _robust_sigma(lr), _row_sigma(lr)
+    persistent, score_busy, run_busy = _scan(lr, pooled, config, row)
+    cus: dict[str, CusumResult] = {"busy_ns": cusum(lr, pooled, num_tests, topo.world_size, config.cusum, row)}
+    persistent, score_busy, run_busy = _with_cusum(persistent, score_busy, run_busy, cus["busy_ns"])
+    # per rank: its own noise (MAD about its median; sparse pauses barely move it) when
+    # larger than the pool's, so a rank on a noisy host does not count its noise as pauses
+    row_mad = MAD_TO_SIGMA * np.median(np.abs(lr - np.median(lr, axis=1, keepdims=True)), axis=1)
+    spike_thr = np.maximum(math.log1p(config.spike_min_effect), config.spike_z * np.maximum(sigma, row_mad))
+    spikes = (lr > spike_thr[:, None]).sum(axis=1)
     step_ns = float(np.median(grid.matrix("step_ns")))
     run_n = np.maximum(run_busy, 1)
     busy_ex = _tail_medians(busy - ref, run_n)
@@ -247,7 +279,10 @@ def detect_stragglers(
     for c in MEASURED:
         lr_c = _log_ratio(comps[c], comp_refs[c])
         comp_lr[c] = lr_c
-        hit, sc, run = _scan(lr_c, _sigma(lr_c), config)
+        pooled, row = _robust_sigma(lr_c), _row_sigma(lr_c)
+        hit, sc, run = _scan(lr_c, pooled, config, row)
+        cus[c] = cusum(lr_c, pooled, num_tests, topo.world_size, config.cusum, row)
+        hit, sc, run = _with_cusum(hit, sc, run, cus[c])
         top = _top_test(comps[c], groups, config)
         run = np.where(hit, run, np.where(top, min(config.top_steps, len(steps)), k))
         ex_c = _tail_medians(comps[c] - comp_refs[c], run)
@@ -265,11 +300,18 @@ def detect_stragglers(
             lead = None if persistent[i] else max(hits, key=lambda c: comp_score[c][i])
             n = int(run_busy[i]) if lead is None else int(comp_run[lead][i])
             n = max(n, min(config.scan_min_steps, len(steps)))
-            # onset: where the final run of steps above half the run's median effect begins
+            # onset: the CUSUM's change point when the CUSUM names the rank, else where the
+            # final run of steps above half the run's median effect begins
             series = lr[i] if lead is None else comp_lr[lead][i]
             half = max(float(np.median(series[-n:])) / 2, math.log1p(config.min_effect) / 2)
             above = series > half
             first = steps[_run_start(above)] if above[-1] else steps[-n]
+            # the strongest CUSUM that names the rank (own work or a component) dates it
+            named = [k for k in ("busy_ns", *hits) if cus[k].hit[i]]
+            seq = cus[max(named, key=lambda k: cus[k].score[i])] if named else cus[
+                "busy_ns" if lead is None else lead]
+            if seq.hit[i]:
+                first = steps[int(seq.onset[i])]
             # the magnitudes are measured over the steps since the onset (not before it)
             n = max(len(steps) - steps.index(first), min(config.scan_min_steps, len(steps)))
             ex = {c: float(np.median(comps[c][i, -n:] - comp_refs[c][i, -n:])) for c in COMPONENT_KIND}
@@ -287,14 +329,17 @@ def detect_stragglers(
                         own_work_factor=round(busy_factor, 3), judged_steps=n,
                         component_ms=round(float(np.median(comps[comp][i, -n:])) / 1e6, 3),
                         peer_component_ms=round(float(np.median(comp_refs[comp][i, -n:])) / 1e6, 3),
-                        waiting_peers=waiting.get(r, []))
+                        waiting_peers=waiting.get(r, []),
+                        sequential={"statistic": round(float(seq.stat[i]), 3),
+                                    "threshold": round(float(seq.threshold[i]), 3),
+                                    "change_step": steps[int(seq.onset[i])], "flagged": bool(seq.hit[i])})
             f = _finding(job, kind, [r], score, first, steps[-1], hosts, profile,
                          excess_ns / max(step_ns, 1.0), base, "", suspects=suspects)
             findings.append(replace(f, factor=round(factor, 3), component=COMPONENT_NAME[comp],
                                     summary=_summary(topo, r, COMPONENT_NAME[comp], factor, f.est_slowdown)))
         elif _pauses(spikes, i, len(steps), config):
-            spike_steps = [steps[j] for j in np.nonzero(lr[i] > spike_thr)[0]]
-            pause_ns = float(np.median((busy[i] - ref[i])[lr[i] > spike_thr]))
+            spike_steps = [steps[j] for j in np.nonzero(lr[i] > spike_thr[i])[0]]
+            pause_ns = float(np.median((busy[i] - ref[i])[lr[i] > spike_thr[i]]))
             mean_cost = pause_ns * spikes[i] / len(steps) / max(step_ns, 1.0)
             base = _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, k, sigma, thr)
             base.update(evidence.get(r, {}))
@@ -303,7 +348,7 @@ def detect_stragglers(
                 spike_steps[0], spike_steps[-1], hosts, None, mean_cost,
                 {**base, "spike_steps": spike_steps, "median_pause_ms": round(pause_ns / 1e6, 3),
                  "num_spikes": int(spikes[i]), "num_steps": len(steps), "component": "own work",
-                 "factor": round(math.exp(float(np.median(lr[i][lr[i] > spike_thr]))), 3)},
+                 "factor": round(math.exp(float(np.median(lr[i][lr[i] > spike_thr[i]]))), 3)},
                 f"rank {r} ({topo.label(r)}) pauses intermittently: {int(spikes[i])} of {len(steps)} "
                 f"steps ~{pause_ns / 1e6:.0f} ms longer",
             ))
@@ -330,6 +375,12 @@ def _robust_sigma(lr: np.ndarray) -> float:
     return max(_sigma(lr), tail, 1e-3)
 
 
+def _row_sigma(lr: np.ndarray) -> np.ndarray:
+    """Per row: its own step-to-step noise, :func:`.robust.diff_sigma` (a level shift - the
+    onset of a slowdown - does not inflate it)."""
+    return diff_sigma(lr)
+
+
 def _binom_sf(h: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:
     """P(Binomial(n, p) >= h), element-wise (h, p arrays of one shape)."""
     j = np.arange(n + 1)
@@ -339,7 +390,8 @@ def _binom_sf(h: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:
     return np.where(j >= h[..., None], terms, 0.0).sum(axis=-1)
 
 
-def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig,
+          row_sigma: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sequential test on log ratios (ranks x steps, oldest first) over runs of the latest
     ``n`` steps, ``scan_min_steps <= n <= steps``; a rank is flagged by either
 
@@ -361,17 +413,22 @@ def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig) -> tuple[np.nda
     score = np.zeros(num_ranks)
     run = np.zeros(num_ranks, dtype=np.int64)
     floor = math.log1p(config.min_effect)
-    sigma = max(sigma, _robust_sigma(lr))
+    # a rank on a noisy host is judged against its own noise when that is larger than the
+    # pool's (its median wanders further; it is not slower)
+    sigma = np.maximum(max(sigma, _robust_sigma(lr)), _row_sigma(lr) if row_sigma is None else row_sigma)
     exceed = {L: lr > math.log(L) for L in config.levels}
     p_other = {}
     for L, e in exceed.items():  # leave-one-out rate of exceeding L, with a pseudo-count
         per_rank = e.sum(axis=1)
-        p_other[L] = (per_rank.sum() - per_rank + 0.5) / (e.size - num_steps + 1.0)
+        p_loo = (per_rank.sum() - per_rank + 0.5) / (e.size - num_steps + 1.0)
+        # ... or the rank's own rate of the mirror event (as far below its peers): a rank
+        # that is just noisier than its peers exceeds both tails alike
+        p_other[L] = np.maximum(p_loo, ((lr < -math.log(L)).sum(axis=1) + 0.5) / (num_steps + 1.0))
     for n in _run_lengths(num_steps, config):
         x = lr[:, -n:]
         med = np.median(x, axis=1)
-        thr = max(floor, config.scan_z * MEDIAN_SE_FACTOR * sigma / math.sqrt(n))
-        ok = (med > thr) & ((x > thr / 2).mean(axis=1) >= config.persist_frac)
+        thr = np.maximum(floor, config.scan_z * MEDIAN_SE_FACTOR * sigma / math.sqrt(n))
+        ok = (med > thr) & ((x > thr[:, None] / 2).mean(axis=1) >= config.persist_frac)
         sc = np.where(ok, med / thr, 0.0)
         for L, e in exceed.items():
             h = e[:, -n:].sum(axis=1)
@@ -389,6 +446,14 @@ def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig) -> tuple[np.nda
         run = np.where(ok, n, run)
         hit |= ok
     return hit, score, run
+
+
+def _with_cusum(hit: np.ndarray, score: np.ndarray, run: np.ndarray,
+                seq: CusumResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The scans' (flagged, score, run length) joined with the CUSUM's: a rank the CUSUM
+    flags is judged on the steps since its change point."""
+    run = np.where(seq.hit, np.maximum(seq.num_steps - seq.onset, 1), run)
+    return hit | seq.hit, np.maximum(score, np.where(seq.hit, seq.score, 0.0)), run
 
 
 def _factor(x: np.ndarray, ref: np.ndarray) -> float:
@@ -456,8 +521,6 @@ def _top_test(x: np.ndarray, groups: dict[int, list[int]], config: StragglerConf
     """Distribution-free persistence test for heavy-tailed timings: a rank that is the
     slowest of its n stage peers in h of the last k steps, where under exchangeable
     noise h ~ Binomial(k, 1/n), is flagged when P(X >= h) < ``config.top_alpha``."""
-    from math import comb
-
     out = np.zeros(x.shape[0], dtype=bool)
     k = min(config.top_steps, x.shape[1])
     for members in groups.values():
@@ -468,10 +531,13 @@ def _top_test(x: np.ndarray, groups: dict[int, list[int]], config: StragglerConf
         top = sub >= sub.max(axis=0, keepdims=True)
         unique_top = top.sum(axis=0) == 1  # ties (all zero) count for nobody
         hits = (top & unique_top).sum(axis=1)
-        # the binomial tail per possible hit count (0..k), computed once per group
-        tail = np.array([sum(comb(k, i) * (1 / n) ** i * (1 - 1 / n) ** (k - i) for i in range(h, k + 1))
-                         for h in range(k + 1)])
-        out[np.asarray(members)] = tail[hits] < config.top_alpha
+        bottom = sub <= sub.min(axis=0, keepdims=True)
+        fastest = (bottom & (bottom.sum(axis=0) == 1)).sum(axis=1)
+        # the rate of being the slowest is 1/n under exchangeable noise, or the rank's own
+        # rate of being the fastest if higher: a rank that is only noisier than its peers
+        # is the slowest and the fastest alike often
+        p = np.maximum(1 / n, (fastest + 0.5) / (k + 1.0))
+        out[np.asarray(members)] = _binom_sf(hits, k, p) < config.top_alpha
     return out
 
 
