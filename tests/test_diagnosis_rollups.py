@@ -86,6 +86,7 @@ def test_reduced_findings_match_pandas_over_raw_events(store, name):
     np.testing.assert_allclose(red.profile.fwd_ns, raw.profile.fwd_ns)
     np.testing.assert_allclose(red.profile.bwd_ns, raw.profile.bwd_ns)
     assert red.profile.link_ns == pytest.approx(raw.profile.link_ns)
+    assert red.profile.noise == pytest.approx(raw.profile.noise, rel=1e-9, abs=1e-12)
 
 
 def test_reductions_match_and_are_incremental(store):

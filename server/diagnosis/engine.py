@@ -24,7 +24,7 @@ from .mfu import MfuConfig, detect_mfu_drop, mfu_series
 from .progress import progress_stall
 from .story import fold_secondary
 from .stragglers import StragglerConfig, detect_stragglers
-from .whatif import StepProfile, profile_from_frames
+from .whatif import StepProfile, op_noise, profile_from_frames
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,7 @@ def build_profile_reduced(info: JobInfo, red, breakdown: pd.DataFrame, arrivals:
     p = profile_from_frames(info.topology, info.num_microbatches, breakdown[breakdown["step"].isin(steps)],
                             pd.DataFrame(), arr)
     mats = {}
+    logs = []
     for name, per_step in (("fwd", red.fwd), ("bwd", red.bwd)):
         stack = [per_step[s] for s in steps if s in per_step and per_step[s].shape == p.fwd_ns.shape]
         if not stack:
@@ -96,7 +97,10 @@ def build_profile_reduced(info: JobInfo, red, breakdown: pd.DataFrame, arrivals:
         if seen.any():
             med[seen] = np.nanmedian(a[:, seen], axis=0)
         mats[name] = med
-    return replace(p, fwd_ns=mats["fwd"], bwd_ns=mats["bwd"])
+        ok = np.isfinite(a) & (a > 0) & (med[None] > 0)
+        logs.append(np.log(a[ok] / np.broadcast_to(med[None], a.shape)[ok]))
+    noise = op_noise(np.concatenate(logs)) if logs else 0.0
+    return replace(p, fwd_ns=mats["fwd"], bwd_ns=mats["bwd"], noise=noise)
 
 
 def add_arrival_evidence(findings: list[Finding], red, bd: pd.DataFrame, config) -> None:

@@ -370,6 +370,15 @@ def whatif(p: StepProfile, ranks: list[int] | None = None, group_id: str = "",
     return WhatIf(expected_step(p, factors), expected_step(fixed, factors), p.observed_step_ns)
 
 
+def op_noise(log_ratios: np.ndarray) -> float:
+    """:attr:`StepProfile.noise` from the logs of every (rank, step, micro-batch) forward or
+    backward work over its (rank, micro-batch) median: their robust spread about 0 (0.0
+    with fewer than 8 of them)."""
+    x = np.asarray(log_ratios, dtype=float)
+    x = x[np.isfinite(x)]
+    return mad_sigma(x, 0.0) if x.size >= 8 else 0.0
+
+
 def profile_from_frames(
     topo: Topology,
     num_microbatches: int,
@@ -408,8 +417,7 @@ def profile_from_frames(
             ref = med.reindex(per_step.index.droplevel("step")).to_numpy(dtype=float)
             ok = (own > 0) & (ref > 0)
             spreads.append(np.log(own[ok] / ref[ok]))
-        logs = np.concatenate(spreads) if spreads else np.zeros(0)
-        noise = mad_sigma(logs, 0.0) if logs.size >= 8 else 0.0
+        noise = op_noise(np.concatenate(spreads) if spreads else np.zeros(0))
     pre, post = np.zeros(n), np.zeros(n)
     if not breakdown.empty:
         med = breakdown.groupby("rank")[["dataloader_ns", "untimed_ns", "other_ns", "optimizer_ns"]].median()
@@ -438,4 +446,4 @@ def profile_from_frames(
 
 
 __all__ = ["P2P_OPS", "StepProfile", "WhatIf", "fix_group", "fix_ranks", "peer_ranks",
-           "profile_from_frames", "rank_stages", "expected_step", "noise_factors", "schedule_order", "simulate_step", "simulate_steps", "typical", "whatif"]
+           "profile_from_frames", "rank_stages", "expected_step", "noise_factors", "op_noise", "schedule_order", "simulate_step", "simulate_steps", "typical", "whatif"]

@@ -35,7 +35,7 @@ _D = "fleetscope.server.diagnosis"
 PURE_DETECTORS: tuple[str, ...] = tuple(
     f"{_D}.{m}"
     for m in ("breakdown", "findings", "hangs", "health", "mfu", "progress", "robust",
-              "story", "stragglers", "whatif")
+              "sequential", "story", "stragglers", "whatif")
 )  # fmt: skip
 
 #: layer (module prefix) -> prefixes it may import, besides its own layer.
