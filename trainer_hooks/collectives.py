@@ -374,7 +374,7 @@ def _deferred(coalescing: dict, args: tuple, kwargs: dict, group_at: int, group_
 def traced(name: str, fn: Any) -> Any:
     """A tracing wrapper of the ``torch.distributed`` function ``fn`` named ``name``.
 
-    A synchronous op on CPU is queued as one flat tuple (``"c"``); async ops, CUDA ops
+    A synchronous op on CPU is queued as one flat list (``"c"``); async ops, CUDA ops
     and failed ops go through an :class:`Op` (completion or device events come later).
     """
     spec = _SPECS[name]
@@ -420,56 +420,86 @@ def traced(name: str, fn: Any) -> Any:
                 return fn(*args, **kwargs)
             finally:
                 rec.suppress -= 1
+        cuda = rec.cuda
         is_async = always_async or (async_key != "" and bool(
             args[async_at] if len(args) > async_at else kwargs.get(async_key, False)))
-        step, mb, cuda = rec.step, rec.microbatch, rec.cuda
-        t = perf_ns()
-        stack = rec.stack
-        stack.append((kind, opname, g.group_id, g.axis, seq, peer, t, step))
-        if cuda is None:
-            ev0 = None
-            rec.overhead_ns += t - t_in
-        else:
-            ev0 = cuda.event()
-            rec.overhead_ns += perf_ns() - t_in
-        rec.suppress += 1
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException:
+        if cuda is None and not is_async:
+            # the hot path, a synchronous op on CPU: one list is both the in-flight
+            # marker on the stack and, once the op returns, the queued record
+            t = perf_ns()
+            item = ["c", opname, g, seq, rec.step, rec.microbatch, nbytes, dtype, peer, t, -1,
+                    "completed"]
+            stack = rec.stack
+            stack.append(item)
+            rec.suppress += 1
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                rec.suppress -= 1
+                stack.pop()
+                finish(rec, Op(opname, g, seq, item[4], item[5], nbytes, dtype, peer, t),
+                       failed=True)
+                raise
             rec.suppress -= 1
+            t_out = item[10] = perf_ns()
             stack.pop()
-            op = Op(opname, g, seq, step, mb, nbytes, dtype, peer, t)
-            op.ev0 = ev0
-            finish(rec, op, failed=True)
-            raise
-        rec.suppress -= 1
-        t_out = perf_ns()
-        stack.pop()
-        if is_async or cuda is not None:
-            op = Op(opname, g, seq, step, mb, nbytes, dtype, peer, t)
-            op.ev0 = ev0
-            if is_async:
-                _track_async(rec, op, result)
-                result = TracedWork(result, rec, [op]) if result is not None else None
-            else:
-                op.t_done = t_out
-                op.ev1 = cuda.event()
-                rec.enqueue_op(("C", op))
-        else:
             q = rec.ops
             if len(q) < rec.capacity:
-                q.append(("c", opname, g, seq, step, mb, nbytes, dtype, peer, t, t_out,
-                          "completed"))
+                q.append(item)
             else:
                 rec.dropped += 1
-        rec.calls += 1
-        rec.overhead_ns += perf_ns() - t_out
-        return result
+            rec.calls += 1
+            rec.overhead_ns += t - t_in + perf_ns() - t_out
+            return result
+        return _call_op(rec, fn, args, kwargs, kind, opname, g, seq, peer, nbytes, dtype, t_in,
+                        cuda, is_async)
 
     if name in ("isend", "irecv"):  # P2POp compares these against the originals
         return _Traced(wrapper, fn, name)
     functools.update_wrapper(wrapper, fn)
     return wrapper
+
+
+def _call_op(rec: Recorder, fn: Any, args: tuple, kwargs: dict, kind: str, opname: str,
+             g: GroupInfo, seq: int, peer: int, nbytes: int, dtype: str, t_in: int,
+             cuda: Any, is_async: bool) -> Any:
+    """An async op or a CUDA op, through an :class:`Op` (its completion or device events
+    come later); see :func:`traced`."""
+    step, mb = rec.step, rec.microbatch
+    t = perf_ns()
+    stack = rec.stack
+    stack.append((kind, opname, g.group_id, g.axis, seq, peer, t, step))
+    if cuda is None:
+        ev0 = None
+        rec.overhead_ns += t - t_in
+    else:
+        ev0 = cuda.event()
+        rec.overhead_ns += perf_ns() - t_in
+    rec.suppress += 1
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException:
+        rec.suppress -= 1
+        stack.pop()
+        op = Op(opname, g, seq, step, mb, nbytes, dtype, peer, t)
+        op.ev0 = ev0
+        finish(rec, op, failed=True)
+        raise
+    rec.suppress -= 1
+    t_out = perf_ns()
+    stack.pop()
+    op = Op(opname, g, seq, step, mb, nbytes, dtype, peer, t)
+    op.ev0 = ev0
+    if is_async:
+        _track_async(rec, op, result)
+        result = TracedWork(result, rec, [op]) if result is not None else None
+    else:
+        op.t_done = t_out
+        op.ev1 = cuda.event()
+        rec.enqueue_op(("C", op))
+    rec.calls += 1
+    rec.overhead_ns += perf_ns() - t_out
+    return result
 
 
 class _Traced:

@@ -106,7 +106,7 @@ class Recorder:
         # training-thread state
         self.step = 0
         self.microbatch = -1
-        self.stack: list[tuple] = []
+        self.stack: list[Sequence[Any]] = []
         self.queue: deque = deque()
         """Sections, steps, emitted rows (tagged tuples, see ``_convert``)."""
         self.ops: deque = deque()
@@ -485,7 +485,7 @@ class Recorder:
         stack = self.stack
         ts = time.time_ns()
         try:
-            top = stack[-1]
+            top = marker(stack[-1])
         except IndexError:
             top = None
         if (top is None or top[0] == "section") and self.waiting:
@@ -589,6 +589,21 @@ class Recorder:
             except Exception as e:
                 self.sink_errors += 1
                 self.last_error = f"sink.close: {e!r}"[:500]
+
+
+def marker(top: Sequence[Any]) -> tuple:
+    """An entry of the training thread's stack as ``(kind, op, group_id, axis, seq, peer,
+    since, step)``. Sections and synchronous CPU ops push their queue record itself (a
+    list tagged ``"S"`` / ``"c"``, see ``_convert``), so the hot path builds one object;
+    other entries are pushed in this form already."""
+    tag = top[0]
+    if tag == "c":
+        _, name, g, seq, step, _, _, _, peer, since, _, _ = top
+        kind = "p2p" if name in ("send", "recv") else "collective"
+        return (kind, name, g.group_id, g.axis, seq, peer, since, step)
+    if tag == "S":
+        return ("section", top[1], "", "", -1, -1, top[5], top[3])
+    return tuple(top)
 
 
 def _pid() -> int:
