@@ -25,7 +25,13 @@ from typing import Any, Literal
 
 from fleetscope.trainer_hooks import collectives, state
 from fleetscope.trainer_hooks.control import LEVELS, SECTIONS, STEPS, control_path, level_index
-from fleetscope.trainer_hooks.recorder import SECTION_KINDS, HookConfig, Recorder, perf_ns
+from fleetscope.trainer_hooks.recorder import (
+    SECTION_KINDS,
+    HookConfig,
+    Recorder,
+    perf_ns,
+    resolve,
+)
 from fleetscope.trainer_hooks.sinks import MemorySink, Sink, SpoolSink
 
 from fleetscope.topology import Coords, Topology
@@ -206,6 +212,8 @@ class _Section:
             q.append(item)
         else:
             rec.dropped += 1
+        if rec.unresolved:  # the ops issued inside: their tensors, read in one go
+            resolve(rec.unresolved)
         rec.calls += 1
         rec.overhead_ns += perf_ns() - t1
         return False

@@ -22,7 +22,14 @@ from typing import Any
 
 from fleetscope.trainer_hooks import state
 from fleetscope.trainer_hooks.control import FULL
-from fleetscope.trainer_hooks.recorder import Recorder, perf_ns
+from fleetscope.trainer_hooks.recorder import (
+    UNRESOLVED_MAX,
+    Recorder,
+    dtype_name,
+    payload_of,
+    perf_ns,
+    resolve,
+)
 
 # op name -> (kind, input arg (index, name), group arg, async arg or None/True, peer arg)
 # peer arg: (index, name, group-relative name) for p2p.
@@ -382,7 +389,7 @@ def traced(name: str, fn: Any) -> Any:
         spec[0], spec[1] or (1 << 30, ""), *spec[2:])
     p2p = spec[4] is not None
     always_async = async_spec is True
-    async_at, async_key = async_spec if isinstance(async_spec, tuple) else (0, "")
+    async_at, async_key = async_spec if isinstance(async_spec, tuple) else (1 << 30, "")
 
     deferrable = name in _DEFERRED_IN_COALESCING
     coalescing = _coalesce_state() if deferrable else {}
@@ -397,6 +404,7 @@ def traced(name: str, fn: Any) -> Any:
         try:
             if p2p:
                 g, opname, seq, peer, nbytes, dtype = _describe(rec, name, spec, args, kwargs)
+                full = rec.level >= FULL
             else:  # inline: the hot path (tensor-parallel all-reduces)
                 group = args[group_at] if len(args) > group_at else kwargs.get(group_key)
                 g = rec.groups.get(id(group) if group is not None else 0)
@@ -404,16 +412,16 @@ def traced(name: str, fn: Any) -> Any:
                     g = group_info(rec, group)
                 seq = g.seq = g.seq + 1
                 opname, peer = name, -1
-                if rec.level >= FULL:  # below it only the number is needed
+                full = rec.level >= FULL
+                if full:  # below it only the number is needed
                     tensor = args[tensor_at] if len(args) > tensor_at else kwargs.get(tensor_key)
                     if tensor is None or tensor.__class__ in (list, tuple):
                         nbytes, dtype = _payload(tensor)
-                    else:
-                        nbytes = tensor.nbytes
-                        dtype = _DTYPES.get(tensor.dtype) or _dtype(tensor.dtype)
+                    else:  # read later, in a batch: see ``Recorder.unresolved``
+                        nbytes, dtype = tensor, None
         except Exception:  # unknown group, odd arguments: never fail the caller
             return fn(*args, **kwargs)
-        if rec.level < FULL:  # runtime control: numbered (so seq stays aligned), not traced
+        if not full:  # runtime control: numbered (so seq stays aligned), not traced
             rec.overhead_ns += perf_ns() - t_in
             rec.suppress += 1
             try:
@@ -421,8 +429,12 @@ def traced(name: str, fn: Any) -> Any:
             finally:
                 rec.suppress -= 1
         cuda = rec.cuda
-        is_async = always_async or (async_key != "" and bool(
-            args[async_at] if len(args) > async_at else kwargs.get(async_key, False)))
+        if always_async:
+            is_async = True
+        elif len(args) > async_at:
+            is_async = bool(args[async_at])
+        else:
+            is_async = bool(kwargs) and bool(kwargs.get(async_key))
         if cuda is None and not is_async:
             # the hot path, a synchronous op on CPU: one list is both the in-flight
             # marker on the stack and, once the op returns, the queued record
@@ -437,7 +449,9 @@ def traced(name: str, fn: Any) -> Any:
             except BaseException:
                 rec.suppress -= 1
                 stack.pop()
-                finish(rec, Op(opname, g, seq, item[4], item[5], nbytes, dtype, peer, t),
+                if dtype is None:
+                    nbytes, dtype = payload_of(nbytes)
+                finish(rec, Op(opname, g, seq, item[4], item[5], nbytes, dtype_name(dtype), peer, t),
                        failed=True)
                 raise
             rec.suppress -= 1
@@ -446,13 +460,20 @@ def traced(name: str, fn: Any) -> Any:
             q = rec.ops
             if len(q) < rec.capacity:
                 q.append(item)
+                if dtype is None:
+                    unresolved = rec.unresolved
+                    unresolved.append(item)
+                    if len(unresolved) >= UNRESOLVED_MAX:
+                        resolve(unresolved)
             else:
                 rec.dropped += 1
             rec.calls += 1
             rec.overhead_ns += t - t_in + perf_ns() - t_out
             return result
-        return _call_op(rec, fn, args, kwargs, kind, opname, g, seq, peer, nbytes, dtype, t_in,
-                        cuda, is_async)
+        if dtype is None:
+            nbytes, dtype = payload_of(nbytes)
+        return _call_op(rec, fn, args, kwargs, kind, opname, g, seq, peer, nbytes,
+                        dtype_name(dtype), t_in, cuda, is_async)
 
     if name in ("isend", "irecv"):  # P2POp compares these against the originals
         return _Traced(wrapper, fn, name)
