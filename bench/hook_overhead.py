@@ -19,6 +19,14 @@ busy machine the interval widens.
 
     .venv/bin/python bench/hook_overhead.py                   # full figure (~3-5 min on 2 cores)
     .venv/bin/python bench/hook_overhead.py --pairs 6 --block 10   # quick check
+    .venv/bin/python bench/hook_overhead.py --micro                # per-op cost, 1-rank gloo
+
+``--micro`` measures one wrapped call instead: ``dist.all_reduce`` of a 4-element tensor
+on a 1-rank gloo group with no tracing installed, traced at level ``off``, and traced
+at ``full``, plus an empty ``hooks.section``; rounds interleaved, medians of ns per
+call (wall and calling-thread CPU), printed side by side with their ratios. These are
+warm-cache figures (a tight loop); inside a real job each call runs colder, which the
+job figure above includes. Exit 1 if a traced call's record is missing.
 """
 
 from __future__ import annotations
@@ -72,7 +80,8 @@ def worker(rank: int, world: int, port: int, a: argparse.Namespace, out: str) ->
         if rank in ranks:
             dp_group = g
     spool = Path(out) / "spool"
-    cfg = hooks.HookConfig(poll_interval_s=0.1)
+    # level switches are seen within 0.1 s; the queue is drained at --poll-interval
+    cfg = hooks.HookConfig(poll_interval_s=a.poll_interval, control_interval_s=0.1)
     rec = hooks.init(job="overhead", rank=rank, topology=topo, spool=spool, config=cfg)
     ctl = control_path(spool, "overhead")
     torch.manual_seed(rank // a.tp)
@@ -168,6 +177,68 @@ def _analyse(times: list[tuple[int, str, float]], num_pairs: int, seed: int,
             "median_step_full_ms": 1e3 * statistics.median(t for _, lv, t in times if lv == "full")}
 
 
+def micro(rounds: int, calls: int) -> int:
+    """Per-call cost of the tracing wrappers, side by side (see the module docstring)."""
+    import torch
+    import torch.distributed as dist
+
+    from fleetscope import trainer_hooks as hooks
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    x = torch.zeros(4)
+    sink = hooks.MemorySink()
+    rec = hooks.init(job="micro", rank=0, sink=sink, trace_collectives=False)
+    wall, cpu = time.perf_counter_ns, time.thread_time_ns
+    res: dict[str, list[tuple[float, float]]] = {}
+
+    def timed(name: str, fn) -> None:
+        w0, c0 = wall(), cpu()
+        for _ in range(calls):
+            fn()
+        res.setdefault(name, []).append(((wall() - w0) / calls, (cpu() - c0) / calls))
+
+    def section() -> None:
+        with hooks.section("forward"):
+            pass
+
+    full_calls = 0
+    for _ in range(rounds):
+        hooks.uninstall_tracing()
+        timed("all_reduce, not traced", lambda: dist.all_reduce(x))
+        hooks.install_tracing()
+        hooks.set_level("off")
+        timed("all_reduce, traced, level off", lambda: dist.all_reduce(x))
+        hooks.set_level("full")
+        timed("all_reduce, traced, level full", lambda: dist.all_reduce(x))
+        full_calls += calls
+        timed("empty section, level full", section)
+    st = rec.stats()
+    hooks.shutdown()
+    hooks.uninstall_tracing()
+    dist.destroy_process_group()
+    med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+           for k, v in res.items()}
+    base_w, base_c = med["all_reduce, not traced"]
+    print(f"1-rank gloo, all_reduce of 4 float32, {rounds} rounds x {calls} calls, medians; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    print(f"{'':34s} {'wall ns':>9s} {'ratio':>6s} {'cpu ns':>9s} {'ratio':>6s}")
+    for k, (w, c) in med.items():
+        print(f"{k:34s} {w:9.0f} {w / base_w:6.3f} {c:9.0f} {c / base_c:6.3f}")
+    w_off, c_off = med["all_reduce, traced, level off"]
+    w_full, c_full = med["all_reduce, traced, level full"]
+    print(f"traced full - not traced: {w_full - base_w:.0f} ns wall, {c_full - base_c:.0f} ns cpu "
+          f"per call; full - off: {w_full - w_off:.0f} ns wall, {c_full - c_off:.0f} ns cpu")
+    print(f"hooks' own time per call (self-measured): {st['overhead_ns'] / max(1, st['calls']):.0f} ns")
+    got = len(sink.rows("collectives"))
+    lost = st["dropped_records"] + st["worker_errors"]
+    if got != full_calls or lost:
+        print(f"FAIL: {got} collectives records for {full_calls} traced calls, {lost} lost")
+        return 1
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -182,8 +253,18 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--poll-interval", type=float, default=0.5,
+                    help="the hooks' drain interval, HookConfig.poll_interval_s (default 0.5, "
+                         "the hooks' default; the control file is checked every 0.1 s)")
     ap.add_argument("--target", type=float, default=TARGET, help="point-estimate target (default 1.005)")
+    ap.add_argument("--micro", action="store_true",
+                    help="per-call cost of the wrappers on a 1-rank group instead (see below)")
+    ap.add_argument("--micro-rounds", type=int, default=30, help="--micro: rounds (default 30)")
+    ap.add_argument("--micro-calls", type=int, default=2000,
+                    help="--micro: calls per round and variant (default 2000)")
     a = ap.parse_args()
+    if a.micro:
+        return micro(a.micro_rounds, a.micro_calls)
     if a.block <= a.skip:
         ap.error(f"--block {a.block} must exceed --skip {a.skip}")
     import torch.multiprocessing as mp
@@ -199,7 +280,8 @@ def main() -> int:
     cpu = analyse([(p, lv, c) for p, lv, _, c in rows], a.pairs, a.seed)
     st = docs[0]["stats"]
     print(f"job: dp={a.dp} tp={a.tp} ({world} gloo ranks), {a.pairs} pairs x {a.block} steps "
-          f"(first {a.skip} untimed), {time.monotonic() - t0:.0f} s")
+          f"(first {a.skip} untimed), drain every {a.poll_interval:g} s, "
+          f"{time.monotonic() - t0:.0f} s")
     print(f"load average: before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f}")
     print(f"median step time: off {res['median_step_off_ms']:.2f} ms, "
           f"full {res['median_step_full_ms']:.2f} ms; hooks' own time per call "

@@ -108,6 +108,10 @@ class HookConfig:
     poll_interval_s: float = 0.5
     """How often the background thread drains the queue, resolves CUDA events and polls
     async ops nobody waited on. It sleeps in between (no wake-ups while idle)."""
+    control_interval_s: float | None = None
+    """How often the runtime-control file is checked (one ``os.stat``); ``None``: every
+    ``poll_interval_s``. A short one makes level changes quick without draining the
+    queue that often (each drain is a burst of work holding the GIL)."""
     flush_interval_s: float = 0.5
     """How often finished rows are handed to the sink (one write per flush)."""
     inflight_interval_s: float = 0.5
@@ -276,14 +280,16 @@ class Recorder:
         # (period, task, drain first) on one timeline; equal periods share a wake-up. The
         # in-flight row and the flush come after the rows of everything the trainer
         # finished before them (the server's progress certificate relies on that).
-        tasks = [(cfg.poll_interval_s, self._poll_control, True),
+        control = cfg.control_interval_s or cfg.poll_interval_s
+        tasks = [(cfg.poll_interval_s, None, True),  # drain (and poll async ops)
+                 (control, self._poll_control, False),
                  (cfg.inflight_interval_s, self._inflight, True),
                  (cfg.metrics_interval_s, self._metrics, False),
                  (cfg.flush_interval_s, self._flush, True),
                  (cfg.reanchor_interval_s, self._reanchor, False)]
         start = time.monotonic()
         due = [start + period for period, _, _ in tasks]
-        due[2] = start + min(1.0, cfg.metrics_interval_s)  # first metrics row early
+        due[3] = start + min(1.0, cfg.metrics_interval_s)  # first metrics row early
         while True:
             self.worker_cpu_ns = time.thread_time_ns() - cpu0
             self._wake.wait(max(0.0, min(due) - time.monotonic()))
