@@ -21,6 +21,10 @@ busy machine the interval widens.
     .venv/bin/python bench/hook_overhead.py --pairs 6 --block 10   # quick check
     .venv/bin/python bench/hook_overhead.py --micro                # per-op cost, 1-rank gloo
 
+``--interleave off,full`` (a diagnosis, not the figure) sets the level in-process at
+every step instead, so adjacent steps compare; ``--stop-worker`` leaves out the
+background thread, which isolates the training thread's own share.
+
 ``--micro`` measures one wrapped call instead: ``dist.all_reduce`` of a 4-element tensor
 on a 1-rank gloo group with no tracing installed, traced at level ``off``, and traced
 at ``full``, plus an empty ``hooks.section``; rounds interleaved, medians of ns per
@@ -128,6 +132,30 @@ def worker(rank: int, world: int, port: int, a: argparse.Namespace, out: str) ->
             time.sleep(0.01)
         dist.barrier()
 
+    if a.interleave:  # diagnosis: the level set in-process per step, every rank alike
+        levels = a.interleave.split(",")
+        if a.stop_worker:  # the training thread's share alone (records pile up, unwritten)
+            rec._stopping = True
+            rec._wake.set()
+            time.sleep(0.3)
+        for n in range(a.warmup):
+            one_step(n)
+        per_step: list[tuple[str, float, float]] = []
+        k = len(levels)
+        for i in range(a.pairs * a.block):
+            block = i // (2 * k)  # each level twice in a row (the second is timed), the
+            order = levels[block % k:] + levels[:block % k]  # order rotating
+            level = order[(i // 2) % k]
+            hooks.set_level(level)
+            c0, t0 = time.thread_time(), time.perf_counter()
+            one_step(a.warmup + i)
+            t1, c1 = time.perf_counter(), time.thread_time()
+            if i % 2:
+                per_step.append((level, t1 - t0, c1 - c0))
+        hooks.shutdown()
+        dist.destroy_process_group()
+        Path(out, f"rank{rank}.json").write_text(json.dumps({"interleaved": per_step}))
+        return
     rng = random.Random(a.seed)
     orders = [rng.random() < 0.5 for _ in range(a.pairs)]
     step = 0
@@ -262,6 +290,12 @@ def main() -> int:
     ap.add_argument("--micro-rounds", type=int, default=30, help="--micro: rounds (default 30)")
     ap.add_argument("--micro-calls", type=int, default=2000,
                     help="--micro: calls per round and variant (default 2000)")
+    ap.add_argument("--interleave", metavar="LEVELS", default="",
+                    help="diagnosis instead of the figure: switch the level in-process per "
+                         "step through these levels (e.g. off,full) and print each rank's "
+                         "median step time per level; --pairs x --block steps")
+    ap.add_argument("--stop-worker", action="store_true",
+                    help="--interleave: stop the hooks' background thread first")
     a = ap.parse_args()
     if a.micro:
         return micro(a.micro_rounds, a.micro_calls)
@@ -275,6 +309,21 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="fs-overhead-") as tmp:
         mp.spawn(worker, args=(world, _free_port(), a, tmp), nprocs=world)
         docs = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+    if a.interleave:
+        print(f"job: dp={a.dp} tp={a.tp}, levels {a.interleave} interleaved per step, "
+              f"{a.pairs * a.block} steps, hooks' thread {'stopped' if a.stop_worker else 'on'}, "
+              f"{time.monotonic() - t0:.0f} s; load average before {load0[0]:.2f}, "
+              f"after {os.getloadavg()[0]:.2f}")
+        for r, doc in enumerate(docs):
+            for col, what in ((2, "training-thread CPU"), (1, "wall")):
+                by: dict[str, list[float]] = {}
+                for row in doc["interleaved"]:
+                    by.setdefault(row[0], []).append(row[col])
+                base = statistics.median(by[a.interleave.split(",")[0]])
+                print(f"rank {r} {what}, median per step: " + ", ".join(
+                    f"{lv} {statistics.median(v) * 1e3:.3f} ms ({(statistics.median(v) - base) * 1e6:+.0f} us)"
+                    for lv, v in by.items()))
+        return 0
     rows = docs[0]["times"]
     res = analyse([(p, lv, wall) for p, lv, wall, _ in rows], a.pairs, a.seed)
     cpu = analyse([(p, lv, c) for p, lv, _, c in rows], a.pairs, a.seed)
