@@ -19,6 +19,18 @@ busy machine the interval widens.
 
     .venv/bin/python bench/hook_overhead.py                   # full figure (~3-5 min on 2 cores)
     .venv/bin/python bench/hook_overhead.py --pairs 6 --block 10   # quick check
+    .venv/bin/python bench/hook_overhead.py --micro                # per-op cost, 1-rank gloo
+
+``--interleave off,full`` (a diagnosis, not the figure) sets the level in-process at
+every step instead, so adjacent steps compare; ``--stop-worker`` leaves out the
+background thread, which isolates the training thread's own share.
+
+``--micro`` measures one wrapped call instead: ``dist.all_reduce`` of a 4-element tensor
+on a 1-rank gloo group with no tracing installed, traced at level ``off``, and traced
+at ``full``, plus an empty ``hooks.section``; rounds interleaved, medians of ns per
+call (wall and calling-thread CPU), printed side by side with their ratios. These are
+warm-cache figures (a tight loop); inside a real job each call runs colder, which the
+job figure above includes. Exit 1 if a traced call's record is missing.
 """
 
 from __future__ import annotations
@@ -72,7 +84,8 @@ def worker(rank: int, world: int, port: int, a: argparse.Namespace, out: str) ->
         if rank in ranks:
             dp_group = g
     spool = Path(out) / "spool"
-    cfg = hooks.HookConfig(poll_interval_s=0.1)
+    # level switches are seen within 0.1 s; the queue is drained at --poll-interval
+    cfg = hooks.HookConfig(poll_interval_s=a.poll_interval, control_interval_s=0.1)
     rec = hooks.init(job="overhead", rank=rank, topology=topo, spool=spool, config=cfg)
     ctl = control_path(spool, "overhead")
     torch.manual_seed(rank // a.tp)
@@ -119,6 +132,30 @@ def worker(rank: int, world: int, port: int, a: argparse.Namespace, out: str) ->
             time.sleep(0.01)
         dist.barrier()
 
+    if a.interleave:  # diagnosis: the level set in-process per step, every rank alike
+        levels = a.interleave.split(",")
+        if a.stop_worker:  # the training thread's share alone (records pile up, unwritten)
+            rec._stopping = True
+            rec._wake.set()
+            time.sleep(0.3)
+        for n in range(a.warmup):
+            one_step(n)
+        per_step: list[tuple[str, float, float]] = []
+        k = len(levels)
+        for i in range(a.pairs * a.block):
+            block = i // (2 * k)  # each level twice in a row (the second is timed), the
+            order = levels[block % k:] + levels[:block % k]  # order rotating
+            level = order[(i // 2) % k]
+            hooks.set_level(level)
+            c0, t0 = time.thread_time(), time.perf_counter()
+            one_step(a.warmup + i)
+            t1, c1 = time.perf_counter(), time.thread_time()
+            if i % 2:
+                per_step.append((level, t1 - t0, c1 - c0))
+        hooks.shutdown()
+        dist.destroy_process_group()
+        Path(out, f"rank{rank}.json").write_text(json.dumps({"interleaved": per_step}))
+        return
     rng = random.Random(a.seed)
     orders = [rng.random() < 0.5 for _ in range(a.pairs)]
     step = 0
@@ -168,6 +205,68 @@ def _analyse(times: list[tuple[int, str, float]], num_pairs: int, seed: int,
             "median_step_full_ms": 1e3 * statistics.median(t for _, lv, t in times if lv == "full")}
 
 
+def micro(rounds: int, calls: int) -> int:
+    """Per-call cost of the tracing wrappers, side by side (see the module docstring)."""
+    import torch
+    import torch.distributed as dist
+
+    from fleetscope import trainer_hooks as hooks
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    x = torch.zeros(4)
+    sink = hooks.MemorySink()
+    rec = hooks.init(job="micro", rank=0, sink=sink, trace_collectives=False)
+    wall, cpu = time.perf_counter_ns, time.thread_time_ns
+    res: dict[str, list[tuple[float, float]]] = {}
+
+    def timed(name: str, fn) -> None:
+        w0, c0 = wall(), cpu()
+        for _ in range(calls):
+            fn()
+        res.setdefault(name, []).append(((wall() - w0) / calls, (cpu() - c0) / calls))
+
+    def section() -> None:
+        with hooks.section("forward"):
+            pass
+
+    full_calls = 0
+    for _ in range(rounds):
+        hooks.uninstall_tracing()
+        timed("all_reduce, not traced", lambda: dist.all_reduce(x))
+        hooks.install_tracing()
+        hooks.set_level("off")
+        timed("all_reduce, traced, level off", lambda: dist.all_reduce(x))
+        hooks.set_level("full")
+        timed("all_reduce, traced, level full", lambda: dist.all_reduce(x))
+        full_calls += calls
+        timed("empty section, level full", section)
+    st = rec.stats()
+    hooks.shutdown()
+    hooks.uninstall_tracing()
+    dist.destroy_process_group()
+    med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+           for k, v in res.items()}
+    base_w, base_c = med["all_reduce, not traced"]
+    print(f"1-rank gloo, all_reduce of 4 float32, {rounds} rounds x {calls} calls, medians; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    print(f"{'':34s} {'wall ns':>9s} {'ratio':>6s} {'cpu ns':>9s} {'ratio':>6s}")
+    for k, (w, c) in med.items():
+        print(f"{k:34s} {w:9.0f} {w / base_w:6.3f} {c:9.0f} {c / base_c:6.3f}")
+    w_off, c_off = med["all_reduce, traced, level off"]
+    w_full, c_full = med["all_reduce, traced, level full"]
+    print(f"traced full - not traced: {w_full - base_w:.0f} ns wall, {c_full - base_c:.0f} ns cpu "
+          f"per call; full - off: {w_full - w_off:.0f} ns wall, {c_full - c_off:.0f} ns cpu")
+    print(f"hooks' own time per call (self-measured): {st['overhead_ns'] / max(1, st['calls']):.0f} ns")
+    got = len(sink.rows("collectives"))
+    lost = st["dropped_records"] + st["worker_errors"]
+    if got != full_calls or lost:
+        print(f"FAIL: {got} collectives records for {full_calls} traced calls, {lost} lost")
+        return 1
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -182,8 +281,24 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--poll-interval", type=float, default=0.5,
+                    help="the hooks' drain interval, HookConfig.poll_interval_s (default 0.5, "
+                         "the hooks' default; the control file is checked every 0.1 s)")
     ap.add_argument("--target", type=float, default=TARGET, help="point-estimate target (default 1.005)")
+    ap.add_argument("--micro", action="store_true",
+                    help="per-call cost of the wrappers on a 1-rank group instead (see below)")
+    ap.add_argument("--micro-rounds", type=int, default=30, help="--micro: rounds (default 30)")
+    ap.add_argument("--micro-calls", type=int, default=2000,
+                    help="--micro: calls per round and variant (default 2000)")
+    ap.add_argument("--interleave", metavar="LEVELS", default="",
+                    help="diagnosis instead of the figure: switch the level in-process per "
+                         "step through these levels (e.g. off,full) and print each rank's "
+                         "median step time per level; --pairs x --block steps")
+    ap.add_argument("--stop-worker", action="store_true",
+                    help="--interleave: stop the hooks' background thread first")
     a = ap.parse_args()
+    if a.micro:
+        return micro(a.micro_rounds, a.micro_calls)
     if a.block <= a.skip:
         ap.error(f"--block {a.block} must exceed --skip {a.skip}")
     import torch.multiprocessing as mp
@@ -194,12 +309,28 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="fs-overhead-") as tmp:
         mp.spawn(worker, args=(world, _free_port(), a, tmp), nprocs=world)
         docs = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+    if a.interleave:
+        print(f"job: dp={a.dp} tp={a.tp}, levels {a.interleave} interleaved per step, "
+              f"{a.pairs * a.block} steps, hooks' thread {'stopped' if a.stop_worker else 'on'}, "
+              f"{time.monotonic() - t0:.0f} s; load average before {load0[0]:.2f}, "
+              f"after {os.getloadavg()[0]:.2f}")
+        for r, doc in enumerate(docs):
+            for col, what in ((2, "training-thread CPU"), (1, "wall")):
+                by: dict[str, list[float]] = {}
+                for row in doc["interleaved"]:
+                    by.setdefault(row[0], []).append(row[col])
+                base = statistics.median(by[a.interleave.split(",")[0]])
+                print(f"rank {r} {what}, median per step: " + ", ".join(
+                    f"{lv} {statistics.median(v) * 1e3:.3f} ms ({(statistics.median(v) - base) * 1e6:+.0f} us)"
+                    for lv, v in by.items()))
+        return 0
     rows = docs[0]["times"]
     res = analyse([(p, lv, wall) for p, lv, wall, _ in rows], a.pairs, a.seed)
     cpu = analyse([(p, lv, c) for p, lv, _, c in rows], a.pairs, a.seed)
     st = docs[0]["stats"]
     print(f"job: dp={a.dp} tp={a.tp} ({world} gloo ranks), {a.pairs} pairs x {a.block} steps "
-          f"(first {a.skip} untimed), {time.monotonic() - t0:.0f} s")
+          f"(first {a.skip} untimed), drain every {a.poll_interval:g} s, "
+          f"{time.monotonic() - t0:.0f} s")
     print(f"load average: before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f}")
     print(f"median step time: off {res['median_step_off_ms']:.2f} ms, "
           f"full {res['median_step_full_ms']:.2f} ms; hooks' own time per call "

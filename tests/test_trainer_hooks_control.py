@@ -71,6 +71,26 @@ def test_level_set_through_the_control_file_takes_effect_and_keeps_seq_aligned(w
     assert untraced and all(r["op"] == "off" for r in untraced)
 
 
+def test_control_interval_is_its_own_and_drains_stay_at_the_poll_interval(tmp_path):
+    """``control_interval_s`` lets a level change show within it while the queue is
+    drained only every ``poll_interval_s`` (the overhead bench runs this way)."""
+    sink = hooks.MemorySink()
+    ctl = control_path(tmp_path, "j")
+    cfg = hooks.HookConfig(poll_interval_s=30, control_interval_s=0.05, flush_interval_s=30,
+                           inflight_interval_s=30, metrics_interval_s=30)
+    rec = hooks.init(job="j", rank=0, sink=sink, control=ctl, config=cfg,
+                     trace_collectives=False)
+    with hooks.section("forward"):
+        pass
+    write_control(ctl, {"level": "steps"})
+    t0 = time.monotonic()
+    _wait_for(lambda: rec.level == 1)
+    assert time.monotonic() - t0 < 2.0
+    assert len(rec.queue) == 1  # not drained by the control polls
+    hooks.shutdown()
+    assert len(sink.rows("sections")) == 1
+
+
 def test_per_rank_level_and_a_bad_control_file(world1, tmp_path):
     sink = hooks.MemorySink()
     ctl = control_path(tmp_path, "j")

@@ -360,3 +360,51 @@ def test_bulk_and_one_by_one_conversion_make_the_same_rows():
     assert len(colls) == 7 and {c["state"] for c in colls} == {"completed", "started"}
     (started,) = [c for c in colls if c["state"] == "started"]
     assert started["op"] == "recv" and started["completed_ns"] == started["duration_ns"] == -1
+
+
+def test_sync_ops_read_their_tensor_in_a_batch_and_free_it():
+    """A synchronous CPU op does not call into libtorch for its tensor's bytes and dtype
+    (cold after every blocking collective): the tensor is read when the enclosing
+    section ends, at the next step, or on the background thread, whichever comes
+    first. Every record still carries the right bytes and dtype, and no tensor is kept
+    past those points."""
+    torch = pytest.importorskip("torch")
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+    from fleetscope.trainer.launcher import free_port
+
+    sink = hooks.MemorySink()
+    if not dist.is_initialized():
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        cfg = hooks.HookConfig(poll_interval_s=30, flush_interval_s=30, inflight_interval_s=30)
+        rec = hooks.init(job="d", rank=0, sink=sink, config=cfg)
+        hooks.step(0)
+        with hooks.section("forward"):
+            t = torch.ones(100, dtype=torch.float64)
+            dist.all_reduce(t)
+            ref = weakref.ref(t)
+            assert len(rec.unresolved) == 1  # not read inline
+            del t
+            gc.collect()
+            assert ref() is not None  # kept until the section ends ...
+        gc.collect()
+        assert ref() is None and not rec.unresolved  # ... and no longer
+        u = torch.ones(7, dtype=torch.int32)
+        dist.all_reduce(u)  # outside any section: read at the next step
+        dist.all_reduce([torch.ones(3)][0])
+        hooks.step(1)
+        assert not rec.unresolved
+        v = torch.ones(5, dtype=torch.int64)
+        dist.all_reduce(v)  # never read on the training thread: the background thread does
+        rec.unresolved.clear()  # as if the background thread took it first
+        hooks.shutdown()
+    finally:
+        dist.destroy_process_group()
+    rows = sink.rows("collectives")
+    assert [(r["bytes"], r["dtype"]) for r in rows] == [
+        (800, "float64"), (28, "int32"), (12, "float32"), (40, "int64")]
+    assert all(type(r["bytes"]) is int for r in rows)

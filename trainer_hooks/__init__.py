@@ -25,7 +25,13 @@ from typing import Any, Literal
 
 from fleetscope.trainer_hooks import collectives, state
 from fleetscope.trainer_hooks.control import LEVELS, SECTIONS, STEPS, control_path, level_index
-from fleetscope.trainer_hooks.recorder import SECTION_KINDS, HookConfig, Recorder, perf_ns
+from fleetscope.trainer_hooks.recorder import (
+    SECTION_KINDS,
+    HookConfig,
+    Recorder,
+    perf_ns,
+    resolve,
+)
 from fleetscope.trainer_hooks.sinks import MemorySink, Sink, SpoolSink
 
 from fleetscope.topology import Coords, Topology
@@ -159,7 +165,7 @@ def enabled() -> bool:
 class _Section:
     """A timed section; context manager and decorator. See :func:`section`."""
 
-    __slots__ = ("name", "mb", "kind", "rec", "t0", "ev0", "prev_mb")
+    __slots__ = ("name", "mb", "kind", "rec", "item", "prev_mb")
 
     def __init__(self, name: str, microbatch: int = -1, kind: str | None = None,
                  rec: Recorder | None = None) -> None:
@@ -174,32 +180,40 @@ class _Section:
             self.rec = None
             return self
         t_in = perf_ns()
-        self.prev_mb = prev = rec.microbatch
+        self.prev_mb = mb = rec.microbatch
         if self.mb >= 0:
-            rec.microbatch = self.mb
+            rec.microbatch = mb = self.mb
         else:
-            self.mb = prev
-        self.ev0 = rec.cuda.event() if rec.cuda is not None else None
-        t0 = self.t0 = perf_ns()
-        rec.stack.append(("section", self.name, "", "", -1, -1, t0, rec.step))
+            self.mb = mb
+        cuda = rec.cuda
+        ev0 = None if cuda is None else cuda.event()
+        t0 = perf_ns()
+        # one list: the in-flight marker on the stack, then (completed) the queued record
+        item = self.item = ["S", self.name, self.kind, rec.step, mb, t0, -1, ev0, None]
+        rec.stack.append(item)
         rec.overhead_ns += t0 - t_in
         return self
 
-    def __exit__(self, *exc: Any) -> Literal[False]:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         rec = self.rec
         if rec is None:
             return False
         t1 = perf_ns()
-        ev1 = None if rec.cuda is None else rec.cuda.event()
+        item = self.item
+        item[6] = t1
+        if rec.cuda is not None:
+            item[8] = rec.cuda.event()
         stack = rec.stack
         if stack:
             stack.pop()
         rec.microbatch = self.prev_mb
         q = rec.queue
         if len(q) < rec.capacity:
-            q.append(("S", self.name, self.kind, rec.step, self.mb, self.t0, t1, self.ev0, ev1))
+            q.append(item)
         else:
             rec.dropped += 1
+        if rec.unresolved:  # the ops issued inside: their tensors, read in one go
+            resolve(rec.unresolved)
         rec.calls += 1
         rec.overhead_ns += perf_ns() - t1
         return False

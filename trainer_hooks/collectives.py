@@ -22,7 +22,14 @@ from typing import Any
 
 from fleetscope.trainer_hooks import state
 from fleetscope.trainer_hooks.control import FULL
-from fleetscope.trainer_hooks.recorder import Recorder, perf_ns
+from fleetscope.trainer_hooks.recorder import (
+    UNRESOLVED_MAX,
+    Recorder,
+    dtype_name,
+    payload_of,
+    perf_ns,
+    resolve,
+)
 
 # op name -> (kind, input arg (index, name), group arg, async arg or None/True, peer arg)
 # peer arg: (index, name, group-relative name) for p2p.
@@ -374,7 +381,7 @@ def _deferred(coalescing: dict, args: tuple, kwargs: dict, group_at: int, group_
 def traced(name: str, fn: Any) -> Any:
     """A tracing wrapper of the ``torch.distributed`` function ``fn`` named ``name``.
 
-    A synchronous op on CPU is queued as one flat tuple (``"c"``); async ops, CUDA ops
+    A synchronous op on CPU is queued as one flat list (``"c"``); async ops, CUDA ops
     and failed ops go through an :class:`Op` (completion or device events come later).
     """
     spec = _SPECS[name]
@@ -382,7 +389,7 @@ def traced(name: str, fn: Any) -> Any:
         spec[0], spec[1] or (1 << 30, ""), *spec[2:])
     p2p = spec[4] is not None
     always_async = async_spec is True
-    async_at, async_key = async_spec if isinstance(async_spec, tuple) else (0, "")
+    async_at, async_key = async_spec if isinstance(async_spec, tuple) else (1 << 30, "")
 
     deferrable = name in _DEFERRED_IN_COALESCING
     coalescing = _coalesce_state() if deferrable else {}
@@ -397,6 +404,7 @@ def traced(name: str, fn: Any) -> Any:
         try:
             if p2p:
                 g, opname, seq, peer, nbytes, dtype = _describe(rec, name, spec, args, kwargs)
+                full = rec.level >= FULL
             else:  # inline: the hot path (tensor-parallel all-reduces)
                 group = args[group_at] if len(args) > group_at else kwargs.get(group_key)
                 g = rec.groups.get(id(group) if group is not None else 0)
@@ -404,72 +412,115 @@ def traced(name: str, fn: Any) -> Any:
                     g = group_info(rec, group)
                 seq = g.seq = g.seq + 1
                 opname, peer = name, -1
-                if rec.level >= FULL:  # below it only the number is needed
+                full = rec.level >= FULL
+                if full:  # below it only the number is needed
                     tensor = args[tensor_at] if len(args) > tensor_at else kwargs.get(tensor_key)
                     if tensor is None or tensor.__class__ in (list, tuple):
                         nbytes, dtype = _payload(tensor)
-                    else:
-                        nbytes = tensor.nbytes
-                        dtype = _DTYPES.get(tensor.dtype) or _dtype(tensor.dtype)
+                    else:  # read later, in a batch: see ``Recorder.unresolved``
+                        nbytes, dtype = tensor, None
         except Exception:  # unknown group, odd arguments: never fail the caller
             return fn(*args, **kwargs)
-        if rec.level < FULL:  # runtime control: numbered (so seq stays aligned), not traced
+        if not full:  # runtime control: numbered (so seq stays aligned), not traced
             rec.overhead_ns += perf_ns() - t_in
             rec.suppress += 1
             try:
                 return fn(*args, **kwargs)
             finally:
                 rec.suppress -= 1
-        is_async = always_async or (async_key != "" and bool(
-            args[async_at] if len(args) > async_at else kwargs.get(async_key, False)))
-        step, mb, cuda = rec.step, rec.microbatch, rec.cuda
-        t = perf_ns()
-        stack = rec.stack
-        stack.append((kind, opname, g.group_id, g.axis, seq, peer, t, step))
-        if cuda is None:
-            ev0 = None
-            rec.overhead_ns += t - t_in
+        cuda = rec.cuda
+        if always_async:
+            is_async = True
+        elif len(args) > async_at:
+            is_async = bool(args[async_at])
         else:
-            ev0 = cuda.event()
-            rec.overhead_ns += perf_ns() - t_in
-        rec.suppress += 1
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException:
+            is_async = bool(kwargs) and bool(kwargs.get(async_key))
+        if cuda is None and not is_async:
+            # the hot path, a synchronous op on CPU: one list is both the in-flight
+            # marker on the stack and, once the op returns, the queued record
+            t = perf_ns()
+            item = ["c", opname, g, seq, rec.step, rec.microbatch, nbytes, dtype, peer, t, -1,
+                    "completed"]
+            stack = rec.stack
+            stack.append(item)
+            rec.suppress += 1
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                rec.suppress -= 1
+                stack.pop()
+                if dtype is None:
+                    nbytes, dtype = payload_of(nbytes)
+                finish(rec, Op(opname, g, seq, item[4], item[5], nbytes, dtype_name(dtype), peer, t),
+                       failed=True)
+                raise
             rec.suppress -= 1
+            t_out = item[10] = perf_ns()
             stack.pop()
-            op = Op(opname, g, seq, step, mb, nbytes, dtype, peer, t)
-            op.ev0 = ev0
-            finish(rec, op, failed=True)
-            raise
-        rec.suppress -= 1
-        t_out = perf_ns()
-        stack.pop()
-        if is_async or cuda is not None:
-            op = Op(opname, g, seq, step, mb, nbytes, dtype, peer, t)
-            op.ev0 = ev0
-            if is_async:
-                _track_async(rec, op, result)
-                result = TracedWork(result, rec, [op]) if result is not None else None
-            else:
-                op.t_done = t_out
-                op.ev1 = cuda.event()
-                rec.enqueue_op(("C", op))
-        else:
             q = rec.ops
             if len(q) < rec.capacity:
-                q.append(("c", opname, g, seq, step, mb, nbytes, dtype, peer, t, t_out,
-                          "completed"))
+                q.append(item)
+                if dtype is None:
+                    unresolved = rec.unresolved
+                    unresolved.append(item)
+                    if len(unresolved) >= UNRESOLVED_MAX:
+                        resolve(unresolved)
             else:
                 rec.dropped += 1
-        rec.calls += 1
-        rec.overhead_ns += perf_ns() - t_out
-        return result
+            rec.calls += 1
+            rec.overhead_ns += t - t_in + perf_ns() - t_out
+            return result
+        if dtype is None:
+            nbytes, dtype = payload_of(nbytes)
+        return _call_op(rec, fn, args, kwargs, kind, opname, g, seq, peer, nbytes,
+                        dtype_name(dtype), t_in, cuda, is_async)
 
     if name in ("isend", "irecv"):  # P2POp compares these against the originals
         return _Traced(wrapper, fn, name)
     functools.update_wrapper(wrapper, fn)
     return wrapper
+
+
+def _call_op(rec: Recorder, fn: Any, args: tuple, kwargs: dict, kind: str, opname: str,
+             g: GroupInfo, seq: int, peer: int, nbytes: int, dtype: str, t_in: int,
+             cuda: Any, is_async: bool) -> Any:
+    """An async op or a CUDA op, through an :class:`Op` (its completion or device events
+    come later); see :func:`traced`."""
+    step, mb = rec.step, rec.microbatch
+    t = perf_ns()
+    stack = rec.stack
+    stack.append((kind, opname, g.group_id, g.axis, seq, peer, t, step))
+    if cuda is None:
+        ev0 = None
+        rec.overhead_ns += t - t_in
+    else:
+        ev0 = cuda.event()
+        rec.overhead_ns += perf_ns() - t_in
+    rec.suppress += 1
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException:
+        rec.suppress -= 1
+        stack.pop()
+        op = Op(opname, g, seq, step, mb, nbytes, dtype, peer, t)
+        op.ev0 = ev0
+        finish(rec, op, failed=True)
+        raise
+    rec.suppress -= 1
+    t_out = perf_ns()
+    stack.pop()
+    op = Op(opname, g, seq, step, mb, nbytes, dtype, peer, t)
+    op.ev0 = ev0
+    if is_async:
+        _track_async(rec, op, result)
+        result = TracedWork(result, rec, [op]) if result is not None else None
+    else:
+        op.t_done = t_out
+        op.ev1 = cuda.event()
+        rec.enqueue_op(("C", op))
+    rec.calls += 1
+    rec.overhead_ns += perf_ns() - t_out
+    return result
 
 
 class _Traced:

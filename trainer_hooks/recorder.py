@@ -54,6 +54,47 @@ _OP_FIELDS = attrgetter("name", "group", "seq", "step", "mb", "nbytes", "dtype",
 _GROUP_ROW = attrgetter("row")
 _TAG = itemgetter(0)
 
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def dtype_name(dtype: Any) -> str:
+    """A dtype as records name it (``torch.float32`` -> ``"float32"``); names pass through.
+
+    The hot path queues a tensor's dtype object as it is; naming it is left to the
+    background thread."""
+    if dtype.__class__ is str:
+        return dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+UNRESOLVED_MAX = 32
+"""Synchronous CPU ops whose tensor is read (bytes, dtype) later, at most; see
+``Recorder.unresolved``."""
+
+
+def payload_of(tensor: Any) -> tuple[int, Any]:
+    """(bytes, dtype) of a tensor (never raises: odd objects give ``(0, "")``)."""
+    try:
+        return tensor.nbytes, tensor.dtype
+    except Exception:
+        return 0, ""
+
+
+def resolve(items: list) -> None:
+    """Fill in bytes and dtype of queued ``"c"`` records that still hold their tensor
+    (in the bytes slot), then forget them. The dtype goes in first: a record the
+    background thread takes meanwhile still holds the tensor and is read there."""
+    for item in items:
+        t = item[6]
+        if t.__class__ is not int:
+            nbytes, item[7] = payload_of(t)
+            item[6] = nbytes
+    items.clear()
+
+
 SECTION_KINDS = {"forward": "compute", "backward": "compute", "dataloader": "dataloader",
                  "optimizer": "optimizer"}
 
@@ -67,6 +108,10 @@ class HookConfig:
     poll_interval_s: float = 0.5
     """How often the background thread drains the queue, resolves CUDA events and polls
     async ops nobody waited on. It sleeps in between (no wake-ups while idle)."""
+    control_interval_s: float | None = None
+    """How often the runtime-control file is checked (one ``os.stat``); ``None``: every
+    ``poll_interval_s``. A short one makes level changes quick without draining the
+    queue that often (each drain is a burst of work holding the GIL)."""
     flush_interval_s: float = 0.5
     """How often finished rows are handed to the sink (one write per flush)."""
     inflight_interval_s: float = 0.5
@@ -106,7 +151,7 @@ class Recorder:
         # training-thread state
         self.step = 0
         self.microbatch = -1
-        self.stack: list[tuple] = []
+        self.stack: list[Sequence[Any]] = []
         self.queue: deque = deque()
         """Sections, steps, emitted rows (tagged tuples, see ``_convert``)."""
         self.ops: deque = deque()
@@ -118,6 +163,13 @@ class Recorder:
         self.overhead_ns = 0
         self.calls = 0
         self.suppress = 0
+        self.unresolved: list[list] = []
+        """Queued synchronous CPU ops whose tensor's bytes and dtype are not read yet
+        (training thread only). Reading a tensor's attributes calls into libtorch, which
+        right after a blocking collective runs from cold caches (several µs); the reads
+        are done in one batch when the enclosing section ends, at the next step, or every
+        ``UNRESOLVED_MAX`` ops, whichever comes first, so each tensor is kept at most that
+        long. Records the background thread takes first are read there."""
         self.step_open: tuple[int, int] | None = None
         self.step_info: dict[str, Any] = {}
         self.pending_async: dict[int, Any] = {}
@@ -169,6 +221,8 @@ class Recorder:
             self.ops.append(item)
 
     def begin_step(self, n: int, t: int) -> None:
+        if self.unresolved:
+            resolve(self.unresolved)
         self.end_step(t)
         self.step, self.step_open, self.step_info = int(n), (int(n), t), {}
 
@@ -206,6 +260,8 @@ class Recorder:
     def close(self, timeout_s: float = 5.0) -> None:
         """Close the open step, flush everything, stop the thread (idempotent)."""
         self.end_step(perf_ns())
+        if self.unresolved:
+            resolve(self.unresolved)
         self._stopping = True
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -224,14 +280,16 @@ class Recorder:
         # (period, task, drain first) on one timeline; equal periods share a wake-up. The
         # in-flight row and the flush come after the rows of everything the trainer
         # finished before them (the server's progress certificate relies on that).
-        tasks = [(cfg.poll_interval_s, self._poll_control, True),
+        control = cfg.control_interval_s or cfg.poll_interval_s
+        tasks = [(cfg.poll_interval_s, None, True),  # drain (and poll async ops)
+                 (control, self._poll_control, False),
                  (cfg.inflight_interval_s, self._inflight, True),
                  (cfg.metrics_interval_s, self._metrics, False),
                  (cfg.flush_interval_s, self._flush, True),
                  (cfg.reanchor_interval_s, self._reanchor, False)]
         start = time.monotonic()
         due = [start + period for period, _, _ in tasks]
-        due[2] = start + min(1.0, cfg.metrics_interval_s)  # first metrics row early
+        due[3] = start + min(1.0, cfg.metrics_interval_s)  # first metrics row early
         while True:
             self.worker_cpu_ns = time.thread_time_ns() - cpu0
             self._wake.wait(max(0.0, min(due) - time.monotonic()))
@@ -355,6 +413,9 @@ class Recorder:
             (_, names, groups, seqs, coll_steps, mbs, nbytes, dtypes, peers, t_enq, t_done,
              states) = zip(*colls)
             gids, axes, granks, gsizes = zip(*map(_GROUP_ROW, groups))
+            if set(map(type, nbytes)) != {int}:  # tensors not read on the training thread
+                nbytes, dtypes = zip(*(payload_of(n) if n.__class__ is not int else (n, d)
+                                       for n, d in zip(nbytes, dtypes)))
             enq = list(map(epoch, t_enq))
             if min(t_done) >= 0:  # all returned (the usual case)
                 done, took = list(map(epoch, t_done)), list(map(sub, t_done, t_enq))
@@ -364,8 +425,8 @@ class Recorder:
                 states = [s if t >= 0 or s != "completed" else "started"
                           for s, t in zip(states, t_done)]
             self._extend("collectives", (
-                coll_steps, mbs, gids, axes, granks, gsizes, seqs, names, nbytes, dtypes, peers,
-                states, enq, enq, done, took))
+                coll_steps, mbs, gids, axes, granks, gsizes, seqs, names, nbytes,
+                list(map(dtype_name, dtypes)), peers, states, enq, enq, done, took))
         late = []
         for item in one_by_one:
             try:
@@ -423,7 +484,10 @@ class Recorder:
         cpu = self.cpu.to_epoch
         if kind == "c":  # normally converted in bulk (``_convert_all``)
             _, name, g, seq, step, mb, nbytes, dtype, peer, t0, t1, state = item
-            self._append("collectives", (step, mb, *g.row, seq, name, nbytes, dtype, peer, state,
+            if nbytes.__class__ is not int:
+                nbytes, dtype = payload_of(nbytes)
+            self._append("collectives", (step, mb, *g.row, seq, name, nbytes, dtype_name(dtype),
+                                         peer, state,
                                          cpu(t0), cpu(t0), cpu(t1), t1 - t0))
         elif kind == "S":
             _, name, skind, step, mb, t0, t1, ev0, ev1 = item
@@ -479,13 +543,13 @@ class Recorder:
             state = "started"
         g = op.group
         return (op.step, op.mb, g.group_id, g.axis, g.group_rank, g.size, op.seq, op.name,
-                op.nbytes, op.dtype, op.peer, state, enq, started, completed, duration)
+                op.nbytes, dtype_name(op.dtype), op.peer, state, enq, started, completed, duration)
 
     def _inflight(self) -> None:
         stack = self.stack
         ts = time.time_ns()
         try:
-            top = stack[-1]
+            top = marker(stack[-1])
         except IndexError:
             top = None
         if (top is None or top[0] == "section") and self.waiting:
@@ -589,6 +653,21 @@ class Recorder:
             except Exception as e:
                 self.sink_errors += 1
                 self.last_error = f"sink.close: {e!r}"[:500]
+
+
+def marker(top: Sequence[Any]) -> tuple:
+    """An entry of the training thread's stack as ``(kind, op, group_id, axis, seq, peer,
+    since, step)``. Sections and synchronous CPU ops push their queue record itself (a
+    list tagged ``"S"`` / ``"c"``, see ``_convert``), so the hot path builds one object;
+    other entries are pushed in this form already."""
+    tag = top[0]
+    if tag == "c":
+        _, name, g, seq, step, _, _, _, peer, since, _, _ = top
+        kind = "p2p" if name in ("send", "recv") else "collective"
+        return (kind, name, g.group_id, g.axis, seq, peer, since, step)
+    if tag == "S":
+        return ("section", top[1], "", "", -1, -1, top[5], top[3])
+    return tuple(top)
 
 
 def _pid() -> int:
