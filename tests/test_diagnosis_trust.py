@@ -77,6 +77,7 @@ def test_factor_holds_under_machine_load(seed):
     assert top[0].factor == pytest.approx(1.5, rel=0.10)
 
 
+@pytest.mark.slow  # seconds of passes: make test, not test-fast
 def test_clean_runs_under_machine_load_have_no_findings():
     for seed in range(4):
         load = _loaded(seed)
@@ -356,6 +357,7 @@ def test_cusum_names_no_healthy_rank_of_12288_and_its_tail_obeys_the_bound():
         assert (res.stat >= np.log(100) / theta).mean() <= 0.01
 
 
+@pytest.mark.slow  # seconds of passes: make test, not test-fast
 def test_cusum_delay_for_1_2x_follows_the_noise():
     # expected delay ~ ln(N C / alpha) s^2 / (2 kappa (ln 1.2 - kappa)): ~13 steps at s = 0.1,
     # ~175 at s = 0.38 (the reference trainer's compute on 2 shared CPU cores); below s ~ 0.09
@@ -441,6 +443,7 @@ def test_large_job_1_2x_straggler_named_with_its_factor():
     assert found[0].factor == pytest.approx(1.2, rel=0.10)  # over the steps since the change point
 
 
+@pytest.mark.slow  # seconds of passes: make test, not test-fast
 def test_1_2x_straggler_in_40pct_noise_is_named_with_its_factor_and_clean_twins_are_not():
     # SynthJob(noise=0.4): every timed section +-40% (per-step log-ratio noise ~0.20 on the
     # step model), and every rank 2x slow together over steps 20-29 (machine load); judged

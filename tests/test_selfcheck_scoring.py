@@ -118,6 +118,7 @@ def test_config_refuses_nonsense_thresholds():
         ScoringConfig(min_ratio=1.5)
 
 
+@pytest.mark.slow  # real probes for seconds: make test, not test-fast
 def test_real_probes_find_the_slowed_host_and_not_the_identical_ones():
     hosts = {"node-a": 1.0, "node-b": 1.0, "node-c": 4.0, "node-d": 1.0, "node-e": 1.0}
     report = score_probes(measure_fleet(hosts), ScoringConfig(**NOISY_MACHINE))
