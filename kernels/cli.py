@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import socket
 import sys
 from typing import Any
+
+from fleetscope import env
 
 DESCRIPTION = """\
 Run fleetscope's self-check probes on this host, as MegaScale does before (re)starting
@@ -72,7 +73,7 @@ def register(subparsers: Any) -> None:
                         "CPU; 1 skips the collective and p2p probes)")
     p.add_argument("--probes", default=None, metavar="LIST",
                    help="comma-separated subset of matmul,membw,numerics,allreduce,alltoall,p2p")
-    p.add_argument("--token", default=os.environ.get("FLEETSCOPE_TOKEN") or None,
+    p.add_argument("--token", default=env.TOKEN.get(),
                    metavar="TOKEN",
                    help="bearer token for --server (default: $FLEETSCOPE_TOKEN)")
     p.add_argument("--format", dest="wire_format", choices=("arrow", "json"), default="arrow",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from fleetscope import env
 from fleetscope.config import DEFAULT_HOST, DEFAULT_PORT
 
 DEFAULT_SERVER = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
@@ -55,9 +56,9 @@ COMMANDS = {
 
 def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
-    g.add_argument("--server", default=os.environ.get("FLEETSCOPE_SERVER") or DEFAULT_SERVER, metavar="URL",
+    g.add_argument("--server", default=env.SERVER.get() or DEFAULT_SERVER, metavar="URL",
                    help=f"fleetscope server (default $FLEETSCOPE_SERVER or {DEFAULT_SERVER})")
-    g.add_argument("--token-file", default=os.environ.get("FLEETSCOPE_TOKEN_FILE") or None, metavar="PATH",
+    g.add_argument("--token-file", default=env.TOKEN_FILE.get(), metavar="PATH",
                    help="read the bearer token from PATH (default: $FLEETSCOPE_TOKEN)")
     g.add_argument("--timeout-s", type=float, default=30.0, metavar="S", help="per-request timeout (default 30)")
     p.add_argument("--output", "-o", choices=("table", "json"), default="table",

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from fleetscope import env
 from fleetscope.cli import CliError
 from fleetscope.config import API_PREFIX
 
@@ -22,7 +22,7 @@ def read_token(token_file: str | None) -> str | None:
         if not text:
             raise CliError(f"--token-file {token_file!r} is empty")
         return text.splitlines()[0].strip()
-    return os.environ.get("FLEETSCOPE_TOKEN") or None
+    return env.TOKEN.get()
 
 
 class RcaClient:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
+
+from fleetscope import env
 
 DESCRIPTION = """\
 Set the instrumentation level of a job's hooks while it runs.
@@ -59,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ranks", metavar="LIST", help="only these global ranks, e.g. 0-7,12")
     p.add_argument("--server", default=f"http://127.0.0.1:{DEFAULT_PORT}", metavar="URL",
                    help="fleetscope server (default %(default)s)")
-    p.add_argument("--token", default=os.environ.get("FLEETSCOPE_TOKEN"), metavar="TOKEN",
+    p.add_argument("--token", default=env.TOKEN.get(), metavar="TOKEN",
                    help="admin bearer token (default $FLEETSCOPE_TOKEN)")
     p.set_defaults(func=run)
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
+
+from fleetscope import env
 
 HELP = "simulate a DP x PP x TP job of any size (one agent per host) against a server"
 
@@ -70,7 +71,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--results", default=None, metavar="DIR",
                    help="write ground_truth.json (faults, onsets, culprits) and summary.json here")
     s = p.add_argument_group("shipping")
-    s.add_argument("--token", default=os.environ.get("FLEETSCOPE_TOKEN"), metavar="TOKEN",
+    s.add_argument("--token", default=env.TOKEN.get(), metavar="TOKEN",
                    help="bearer token for the server (default $FLEETSCOPE_TOKEN)")
     s.add_argument("--batch-delay", type=float, default=None, metavar="S",
                    help="how often each agent cuts a batch (default: the agent's, 0.5)")

@@ -44,3 +44,20 @@ def test_dashboard_and_kernels_read_through_the_declarations(monkeypatch):
     assert mount.REFRESH_ENV == env.UI_REFRESH_S.name
     monkeypatch.setenv(env.PEAK_MEM_GBPS.name, "123")
     assert devices._env_float(devices.ENV_PEAK_MEM_GBPS) == 123.0
+
+
+def test_declared_variables_are_read_through_their_declaration():
+    """A variable declared in fleetscope/env.py is read with ``env.X.get()``, not by its
+    name through ``os.environ`` / ``os.getenv`` (which would skip its parser and blank
+    handling). The agent's token look-up keeps its own order (file, then variable)."""
+    declared = {v.name for v in env.ALL}
+    raw = re.compile(r"(?:os\.environ\.get|os\.getenv)\(\s*[\"'](FLEETSCOPE_[A-Z0-9_]+)[\"']")
+    bad = []
+    for folder in set(package_dirs().values()):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path.name == "env.py" and path.parent.name == "fleetscope":
+                continue
+            for m in raw.finditer(path.read_text(encoding="utf-8")):
+                if m.group(1) in declared:
+                    bad.append(f"{path.relative_to(REPO)}: {m.group(1)}")
+    assert not bad, "read these through fleetscope.env: " + ", ".join(bad)

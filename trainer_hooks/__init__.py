@@ -34,6 +34,7 @@ from fleetscope.trainer_hooks.recorder import (
 )
 from fleetscope.trainer_hooks.sinks import MemorySink, Sink, SpoolSink
 
+from fleetscope import env
 from fleetscope.topology import Coords, Topology
 
 __all__ = [
@@ -84,7 +85,7 @@ def init(job: str, rank: int, coords: Coords | dict | None = None, sink: Sink | 
     if sink is None:
         from fleetscope.config import DEFAULT_SPOOL_DIR
 
-        sink = SpoolSink(spool or os.environ.get("FLEETSCOPE_SPOOL") or DEFAULT_SPOOL_DIR)
+        sink = SpoolSink(spool or env.SPOOL.get() or DEFAULT_SPOOL_DIR)
     if control is None and isinstance(sink, SpoolSink):
         control = control_path(sink.root, str(job))
     rec = Recorder(job, rank, sink, topology=topology, coords=coords, host=host,

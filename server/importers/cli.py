@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from urllib.parse import quote
+
+from fleetscope import env
 
 FR_DESCRIPTION = """\
 Import PyTorch Flight Recorder dumps (one file per rank, pickle or JSON; the rank is
@@ -70,7 +71,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     dest = p.add_mutually_exclusive_group()
     dest.add_argument("--server", metavar="URL", help="post the records to this server's ingest API")
     dest.add_argument("--store", metavar="URL", help="write the records into this store (e.g. chdb:///dir)")
-    p.add_argument("--token", default=os.environ.get("FLEETSCOPE_TOKEN"), metavar="TOKEN",
+    p.add_argument("--token", default=env.TOKEN.get(), metavar="TOKEN",
                    help="bearer token for --server (default $FLEETSCOPE_TOKEN)")
 
 
