@@ -238,14 +238,15 @@ class IngestWriter:
         self._insert_pool.shutdown(wait=True)
 
     def note_agent(self, host: str, now_ns: int) -> None:
-        """``host``'s agent was heard from: a batch arrived, or one was refused for load
-        (429: the agent is alive, only the server is behind)."""
+        """``host``'s agent tried to deliver a batch that was refused for load (429): it is
+        alive, only the server is behind, so the host counts as heard from."""
         if host:
             self.host_seen_ns[host] = now_ns
 
     def note_arrival(self, host: str, tables: dict[str, pa.Table], now_ns: int) -> None:
         """A batch with rows arrived from ``host``: when it (and each job in it) last did."""
-        self.note_agent(host, now_ns)
+        if host:
+            self.host_seen_ns[host] = now_ns
         jobs: set[str] = set()
         for t in tables.values():
             if t.num_rows and "job" in t.column_names:
