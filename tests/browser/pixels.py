@@ -25,6 +25,8 @@ class Image:
         xs = range(max(int(x) - r, 0), min(int(x) + r + 1, self.width))
         ys = range(max(int(y) - r, 0), min(int(y) + r + 1, self.height))
         px = [self.pixel(a, b) for a in xs for b in ys]
+        if not px:
+            raise ValueError(f"({x:.0f}, {y:.0f}) lies outside the {self.width}x{self.height} screenshot")
         return tuple(sum(p[k] for p in px) / len(px) for k in range(3))  # type: ignore[return-value]
 
 

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import SCREENSHOTS
 from tests.browser.pixels import decode_png, distance
 from tests.helpers.server import running_server
 
@@ -77,21 +77,42 @@ def _ingest(url: str, records: dict, key: str) -> None:
     r.raise_for_status()
 
 
+def _on_screen(info: dict, width: float, height: float) -> bool:
+    return all(0 <= x < width and 0 <= y < height for cells in info["cells"].values() for _, x, y in cells)
+
+
 def _row_colours(browser, name: str) -> tuple[dict[int, tuple[float, float, float]], dict]:
-    """Mean screenshot colour of each rank's row over the steps before the hang."""
+    """Mean screenshot colour of each rank's row over the steps before the hang.
+
+    The page keeps filling in around the plot and may move it, so the screenshot is taken
+    only once the cells sit still inside the viewport, and kept only if they did not move
+    while it was taken.
+    """
+    ranks = [STRAGGLER, *PEERS]
     deadline = time.monotonic() + 90
     info = None
     while time.monotonic() < deadline:
-        info = browser.execute_script(CELLS_JS, [STRAGGLER, *PEERS], True)
+        info = browser.execute_script(CELLS_JS, ranks, True)
         if info and all(len(v) >= HANG_STEP - 2 for v in info["cells"].values()):
             break
         time.sleep(0.5)
     assert info, "heat-map did not render"
-    time.sleep(2.0)  # the rest of the page fills in around the plot and may move it
-    info = browser.execute_script(CELLS_JS, [STRAGGLER, *PEERS], False)  # where the cells are now
-    png = browser.get_screenshot_as_png()
-    screenshot(browser, name)
-    img = decode_png(png)
+    width, height = browser.execute_script("return [window.innerWidth, window.innerHeight]")
+    shot = None
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        browser.execute_script(CELLS_JS, ranks, True)  # back into view if the page moved it
+        time.sleep(0.5)
+        before = browser.execute_script(CELLS_JS, ranks, False)
+        png = browser.get_screenshot_as_png()
+        after = browser.execute_script(CELLS_JS, ranks, False)
+        if before and before == after and _on_screen(after, width, height):
+            info, shot = after, png
+            break
+    assert shot is not None, f"the heat-map's cells never sat still inside the {width}x{height} viewport: {info}"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    (SCREENSHOTS / f"{name}.png").write_bytes(shot)  # the very pixels judged below
+    img = decode_png(shot)
     dpr = browser.execute_script("return window.devicePixelRatio") or 1
     out = {}
     for r, cells in info["cells"].items():
