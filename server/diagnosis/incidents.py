@@ -37,17 +37,6 @@ class IncidentSink(Protocol):
 
     def notify(self, session: Session, incident: Incident, now_ns: int) -> int:
         """A changed incident, in the caller's transaction; returns rows queued (0: none)."""
-        ...
-
-
-class NoAlerts:
-    """A sink that queues nothing (diagnosis without alerting, tests)."""
-
-    def install(self, session: Session) -> None:
-        return None
-
-    def notify(self, session: Session, incident: Incident, now_ns: int) -> int:
-        return 0
 
 
 def incident_key(f: Finding) -> str:
