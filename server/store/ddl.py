@@ -14,6 +14,24 @@ materialized view per table) and ``step_rollup`` (per job, attempt, step, rank: 
 time by kind, collective time by axis, step duration), fed by materialized views from
 ``sections``, ``collectives`` and ``steps`` so the heat map and the step breakdown
 never scan raw events.
+
+A rank's communication time in a step is the *union* of its ops' intervals, not their
+sum: overlapping async ops (the paired ``isend`` + ``irecv`` of a 1F1B exchange) wait
+once, not twice. A view sees one insert block at a time, and the ops of one rank-step
+may arrive in several blocks, so (schema version 2) each block adds, per rank-step:
+
+* ``comm_inner_ns``: the union of the block's op intervals minus its two *edge*
+  segments (the earliest and the latest disjoint segment of that union);
+* ``comm_edges``: those edge segments, as an ``intervalLengthSum`` state (at most two
+  intervals per block, so the state stays small however many ops a step has);
+* ``comm_union_ops``: the ops counted.
+
+Read back (:func:`comm_union_sql`), communication = ``sum(comm_inner_ns)`` + the union
+of every block's edges. That is exact whenever ops of different blocks overlap only
+at the blocks' edges (how a flush splits a pair of async ops that were in flight
+together), and otherwise an upper bound that is never above the plain sum. A
+rank-step with ops the union does not cover (rows written before version 2) reads the
+plain sum ``comm_ns``, which stays what it was.
 """
 
 from __future__ import annotations
@@ -43,6 +61,14 @@ ROLLUP_SUM_COLUMNS: Final = (
     "num_sections",
 )
 """Additive per-rank-per-step counters of ``step_rollup``."""
+
+COMM_UNION_COLUMNS: Final = (
+    ("comm_inner_ns", "SimpleAggregateFunction(sum, Int64)"),
+    ("comm_edges", "AggregateFunction(intervalLengthSum, Int64, Int64)"),
+    ("comm_union_ops", "SimpleAggregateFunction(sum, Int64)"),
+)
+"""Columns of ``step_rollup`` (schema version 2) that give communication as the union of
+a rank-step's op intervals (see the module docstring)."""
 
 
 def _seconds(col: str) -> str:
@@ -164,6 +190,76 @@ def rollup_views() -> list[str]:
         _rollup_view("collectives", "collectives", collectives, "enqueued_ns"),
         _rollup_view("steps", "steps", steps, "start_ns"),
     ]
+
+
+_EDGE_FOLD = (
+    # One pass over the block's intervals sorted by start ("max of running end"):
+    # (covered end, union length, number of disjoint segments, end of the first
+    # segment, start of the last one).
+    "arrayFold((acc, x) -> if(acc.3 = 0 OR x.1 > acc.1, "
+    "(x.2, acc.2 + (x.2 - x.1), acc.3 + 1, if(acc.3 = 1, acc.1, acc.4), x.1), "
+    "(greatest(acc.1, x.2), acc.2 + greatest(x.2 - acc.1, 0), acc.3, acc.4, acc.5)), "
+    "iv, (toInt64(0), toInt64(0), toInt64(0), toInt64(0), toInt64(0)))"
+)
+
+
+def collectives_rollup_query() -> str:
+    """The ``SELECT`` of the collectives view since schema version 2: the v1 columns plus
+    :data:`COMM_UNION_COLUMNS`, per (job, attempt, step, rank) of one insert block."""
+    dur = "if(duration_ns > 0, duration_ns, 0)"
+    sums = {
+        "comm_ns": f"sum({dur})",
+        "comm_dp_ns": f"sumIf({dur}, axis = 'dp')",
+        "comm_tp_ns": f"sumIf({dur}, axis = 'tp')",
+        "comm_pp_ns": f"sumIf({dur}, axis = 'pp')",
+        "comm_world_ns": f"sumIf({dur}, axis NOT IN ('dp', 'tp', 'pp'))",
+        "num_collectives": "count()",
+    }
+    inner = ", ".join(f"toInt64({sums.get(c, '0')}) AS {c}" for c in ROLLUP_SUM_COLUMNS)
+    return (
+        f"SELECT job, attempt, step, rank, day_ns, {', '.join(ROLLUP_SUM_COLUMNS)}, "
+        "toInt64(9223372036854775807) AS step_start_ns, toInt64(0) AS step_end_ns, toInt64(0) AS step_ns, "
+        "toInt64(f.2 - edges_ns) AS comm_inner_ns, "
+        "arrayReduce('intervalLengthSumState', edge_start, edge_end) AS comm_edges, "
+        "num_collectives AS comm_union_ops\n"
+        f"FROM (SELECT job, attempt, step, rank, max(enqueued_ns) AS day_ns, {inner}, "
+        "arraySort(groupArrayIf((enqueued_ns, enqueued_ns + duration_ns), duration_ns > 0)) AS iv, "
+        f"{_EDGE_FOLD} AS f, "
+        "if(f.3 = 0, [], if(f.3 = 1, [iv[1].1], [iv[1].1, f.5])) AS edge_start, "
+        "if(f.3 = 0, [], if(f.3 = 1, [f.1], [f.4, f.1])) AS edge_end, "
+        "arraySum(arrayMap((a, b) -> b - a, edge_start, edge_end)) AS edges_ns\n"
+        "FROM `collectives` WHERE rank >= 0 GROUP BY job, attempt, step, rank)"
+    )
+
+
+def comm_union_sql(grouped: bool) -> str:
+    """A rank-step's communication time (ns, Int64) as the union of its op intervals.
+
+    Args:
+        grouped: ``True`` for a query that groups rollup rows by their key again
+            (aggregates of the columns of ``FROM step_rollup``, unaliased); ``False``
+            for merged rows (``FINAL``).
+    """
+    if grouped:  # qualified: a query may alias its sums with these very names
+        t = f"`{ROLLUP_TABLE}`"
+        return (f"if(sum({t}.comm_union_ops) = sum({t}.num_collectives), "
+                f"sum({t}.comm_inner_ns) + toInt64(intervalLengthSumMerge({t}.comm_edges)), sum({t}.comm_ns))")  # fmt: skip
+    return ("if(comm_union_ops = num_collectives, "
+            "comm_inner_ns + toInt64(finalizeAggregation(comm_edges)), comm_ns)")  # fmt: skip
+
+
+def schema_v2_statements(ttl_days: int) -> list[str]:
+    """Store schema version 2: ``step_rollup`` communication as the union of op intervals.
+
+    Adds :data:`COMM_UNION_COLUMNS` to an existing rollup and swaps the collectives view's
+    query in place (``MODIFY QUERY``: no insert falls between an old and a new view).
+    Rows written before stay as they were and read as the plain sum.
+    """
+    del ttl_days  # no TTL of its own: the rollup's applies
+    stmts = [f"ALTER TABLE `{ROLLUP_TABLE}` ADD COLUMN IF NOT EXISTS `{name}` {type_}"
+             for name, type_ in COMM_UNION_COLUMNS]  # fmt: skip
+    stmts.append(f"ALTER TABLE `{ROLLUP_TABLE}_collectives_mv` MODIFY QUERY {collectives_rollup_query()}")
+    return stmts
 
 
 def schema_v1_statements(ttl_days: int) -> list[str]:
