@@ -321,3 +321,20 @@ def test_migration_from_version_1_keeps_old_rows_and_unions_new_ones(env, monkey
 def insert_collectives(store, batch, rows):
     t = codec.rows_to_table(RECORD_TYPES["collectives"], rows)
     store.insert_arrow("collectives", t.append_column(BATCH_COLUMN, pa.array([batch] * t.num_rows, pa.string())))
+
+
+def test_rollup_comm_over_three_batches_stays_between_union_and_sum(env):
+    """Past two blocks per rank-step the rollup keeps the edges of the earliest- and the
+    latest-starting block only: an overlap between other blocks is missed, so the value
+    is an upper bound (never above the plain sum, never below the union)."""
+    store, db = env
+    t0 = now_ns()
+    b1 = [_op("three", 0, 1, 0, 4, t0, seq=1), _op("three", 0, 1, 100, 10, t0, "isend", "pp", 2, 1)]
+    b2 = [_op("three", 0, 1, 103, 12, t0, "irecv", "pp", 3, 1), _op("three", 0, 1, 150, 10, t0, "isend", "pp", 4, 1)]
+    b3 = [_op("three", 0, 1, 152, 18, t0, "irecv", "pp", 5, 1)]
+    for i, b in enumerate((b1, b2, b3)):
+        run_writer(store, db, [(f"three-{i}", {"collectives": b})])
+    # union [0,4] + [100,115] + [150,170] = 39, sum 54; each pair is split between two
+    # batches, and the kept blocks (1 and 3) do not overlap: the in-block unions, here the sum
+    got = rollup_comm(store, "three")[1]
+    assert 39 <= got <= 54 and got == 54
