@@ -19,25 +19,24 @@ A rank's communication time in a step is the *union* of its ops' intervals, not 
 sum: overlapping async ops (the paired ``isend`` + ``irecv`` of a 1F1B exchange) wait
 once, not twice. A view sees one insert block at a time, and the ops of one rank-step
 may arrive in several blocks (an agent ships every half second), so (schema version 2)
-each block adds, per rank-step, plain columns only:
+the collectives view adds, per rank-step of a block, plain columns only:
 
-* ``comm_union_ns``: the union of the block's op intervals (exact within the block);
-* ``comm_blocks``: 1 (a block with at least one op of positive duration);
-* ``comm_edges_lo`` / ``comm_edges_hi`` (``min`` / ``max`` of a tuple): the block's
-  *edges* ``(first start, first end, last start, last end)``, the earliest and the
-  latest disjoint segment of its union, so the rollup keeps the edges of the block
-  that starts first and of the one that starts last;
+* ``comm_union_ns``: the union of the block's op intervals, minus its overlap with the
+  *edges* already stored for that rank-step (looked up by key in ``step_rollup`` while
+  the block is inserted: a few granules);
+* ``comm_edges_hi`` (``max`` of a tuple): the block's edges ``(first start, first end,
+  last start, last end)``, the earliest and the latest disjoint segment of its union, so
+  the rollup keeps the edges of the latest-starting block;
 * ``comm_union_ops``: the ops counted.
 
-Read back (:func:`comm_union_sql`), communication = ``sum(comm_union_ns)`` minus the
-overlap of the two kept blocks' edges. That is exact for a rank-step that arrived in one
-or two blocks whose ops overlap across the blocks only at their edges (a flush that
-splits a pair of async ops in flight together), and otherwise an upper bound: never
-above the plain sum, never below the true union. A rank-step whose ops the union does
-not all cover (rows written before version 2) reads the plain sum ``comm_ns``, which
-stays what it was. Plain columns keep the rollup's ``FINAL`` reads cheap; an interval
-state per block (``intervalLengthSum``) would be exact for any number of blocks but
-made the 12,288-rank grid query about 2.5x the CPU (see docs/dashboard.md).
+So communication reads back as ``sum(comm_union_ns)`` (:func:`comm_union_sql`), as
+cheap as the plain sum. It is exact when a rank-step's blocks arrive in time order and
+ops of different blocks overlap only at the edges of consecutive blocks (a flush that
+splits a pair of async ops in flight together), whatever the number of blocks; in any
+other case an upper bound: each block subtracts only what an earlier block covers, so
+the value is never below the true union, and never above the plain sum. A rank-step
+whose ops the union does not all cover (rows written before version 2) reads the plain
+sum ``comm_ns``, which stays what it was.
 """
 
 from __future__ import annotations
@@ -70,20 +69,15 @@ ROLLUP_SUM_COLUMNS: Final = (
 
 _EDGES = "Tuple(Int64, Int64, Int64, Int64)"
 _I64_MAX = "9223372036854775807"
-_I64_MIN = "-9223372036854775808"
 COMM_UNION_COLUMNS: Final = (
-    ("comm_union_ns", "SimpleAggregateFunction(sum, Int64)", ""),
-    ("comm_blocks", "SimpleAggregateFunction(sum, Int64)", ""),
-    ("comm_edges_lo", f"SimpleAggregateFunction(min, {_EDGES})",
-     f"DEFAULT ({_I64_MAX}, {_I64_MAX}, {_I64_MAX}, {_I64_MAX})"),
-    ("comm_edges_hi", f"SimpleAggregateFunction(max, {_EDGES})",
-     f"DEFAULT ({_I64_MIN}, {_I64_MIN}, {_I64_MIN}, {_I64_MIN})"),
-    ("comm_union_ops", "SimpleAggregateFunction(sum, Int64)", ""),
+    ("comm_union_ns", "SimpleAggregateFunction(sum, Int64)"),
+    ("comm_edges_hi", f"SimpleAggregateFunction(max, {_EDGES})"),
+    ("comm_union_ops", "SimpleAggregateFunction(sum, Int64)"),
 )
-"""(name, type, default) of the ``step_rollup`` columns (schema version 2) that give
-communication as the union of a rank-step's op intervals (see the module docstring).
-The edge tuples default to neutral values, so rows of the sections and steps views
-(which do not write them) never win the ``min`` / ``max``."""
+"""(name, type) of the ``step_rollup`` columns (schema version 2) that give communication
+as the union of a rank-step's op intervals (see the module docstring). Rows of the
+sections and steps views leave the edges at ``(0, 0, 0, 0)``, which never wins the
+``max`` and overlaps nothing (times are positive)."""
 
 
 def _seconds(col: str) -> str:
@@ -218,9 +212,23 @@ _EDGE_FOLD = (
 )
 
 
+def _edges_overlap(a: str, b: str) -> str:
+    """Overlap (ns) of two blocks' edges: the sum over their segment pairs (the segments
+    of one block are disjoint, so the pairs' intersections are too)."""
+    segs = ((1, 2), (3, 4))
+    return " + ".join(
+        f"greatest(least({a}.{e1}, {b}.{e2}) - greatest({a}.{s1}, {b}.{s2}), 0)"
+        for s1, e1 in segs for s2, e2 in segs
+    )
+
+
 def collectives_rollup_query() -> str:
     """The ``SELECT`` of the collectives view since schema version 2: the v1 columns plus
-    :data:`COMM_UNION_COLUMNS`, per (job, attempt, step, rank) of one insert block."""
+    :data:`COMM_UNION_COLUMNS`, per (job, attempt, step, rank) of one insert block.
+
+    ``collectives`` in it is the inserted block (subqueries included); ``step_rollup``
+    is the stored table, read for the block's keys only (its primary key).
+    """
     dur = "if(duration_ns > 0, duration_ns, 0)"
     sums = {
         "comm_ns": f"sum({dur})",
@@ -231,29 +239,24 @@ def collectives_rollup_query() -> str:
         "num_collectives": "count()",
     }
     inner = ", ".join(f"toInt64({sums.get(c, '0')}) AS {c}" for c in ROLLUP_SUM_COLUMNS)
+    outer = ", ".join(f"b.{c} AS {c}" for c in ROLLUP_SUM_COLUMNS)
     # a one-segment block: its last edge is empty ([end, end]), so it is not counted twice
-    edges = "(iv[1].1, if(f.3 = 1, f.1, f.4), if(f.3 = 1, f.1, f.5), f.1)"
+    edges = "if(f.3 = 0, (0, 0, 0, 0), (iv[1].1, if(f.3 = 1, f.1, f.4), if(f.3 = 1, f.1, f.5), f.1))"
+    key = "job, attempt, step, rank"
+    on = " AND ".join(f"b.{k} = p.{k}" for k in key.split(", "))
     return (
-        f"SELECT job, attempt, step, rank, day_ns, {', '.join(ROLLUP_SUM_COLUMNS)}, "
+        f"SELECT b.job AS job, b.attempt AS attempt, b.step AS step, b.rank AS rank, b.day_ns AS day_ns, {outer}, "
         f"toInt64({_I64_MAX}) AS step_start_ns, toInt64(0) AS step_end_ns, toInt64(0) AS step_ns, "
-        "toInt64(f.2) AS comm_union_ns, toInt64(f.3 > 0) AS comm_blocks, "
-        f"if(f.3 > 0, {edges}, ({_I64_MAX}, {_I64_MAX}, {_I64_MAX}, {_I64_MAX})) AS comm_edges_lo, "
-        f"if(f.3 > 0, {edges}, ({_I64_MIN}, {_I64_MIN}, {_I64_MIN}, {_I64_MIN})) AS comm_edges_hi, "
-        "num_collectives AS comm_union_ops\n"
-        f"FROM (SELECT job, attempt, step, rank, max(enqueued_ns) AS day_ns, {inner}, "
+        f"toInt64(b.union_ns - ({_edges_overlap('p.prev_edges', 'b.edges')})) AS comm_union_ns, "
+        "b.edges AS comm_edges_hi, b.num_collectives AS comm_union_ops\n"
+        f"FROM (SELECT {key}, max(enqueued_ns) AS day_ns, {inner}, "
         "arraySort(groupArrayIf((enqueued_ns, enqueued_ns + duration_ns), duration_ns > 0)) AS iv, "
-        f"{_EDGE_FOLD} AS f\n"
-        "FROM `collectives` WHERE rank >= 0 GROUP BY job, attempt, step, rank)"
-    )
-
-
-def _edges_overlap(lo: str, hi: str) -> str:
-    """Overlap (ns) of two blocks' edges: the sum over their segment pairs (the segments
-    of one block are disjoint, so the pairs' intersections are too)."""
-    segs = ((1, 2), (3, 4))
-    return " + ".join(
-        f"greatest(least({lo}.{e1}, {hi}.{e2}) - greatest({lo}.{s1}, {hi}.{s2}), 0)"
-        for s1, e1 in segs for s2, e2 in segs
+        f"{_EDGE_FOLD} AS f, toInt64(f.2) AS union_ns, CAST({edges}, '{_EDGES}') AS edges\n"
+        f"      FROM `collectives` WHERE rank >= 0 GROUP BY {key}) AS b\n"
+        f"LEFT JOIN (SELECT {key}, max(comm_edges_hi) AS prev_edges FROM `{ROLLUP_TABLE}`\n"
+        f"           WHERE ({key}) IN (SELECT {key} FROM `collectives` WHERE rank >= 0)\n"
+        f"           GROUP BY {key}) AS p ON {on}\n"
+        "SETTINGS join_use_nulls = 0"
     )
 
 
@@ -267,12 +270,9 @@ def comm_union_sql(grouped: bool) -> str:
     """
     if grouped:  # qualified: a query may alias its sums with these very names
         t = f"`{ROLLUP_TABLE}`"
-        over = _edges_overlap(f"min({t}.comm_edges_lo)", f"max({t}.comm_edges_hi)")
-        return (f"if(sum({t}.comm_union_ops) = sum({t}.num_collectives), sum({t}.comm_union_ns) "
-                f"- if(sum({t}.comm_blocks) > 1, {over}, 0), sum({t}.comm_ns))")  # fmt: skip
-    over = _edges_overlap("comm_edges_lo", "comm_edges_hi")
-    return (f"if(comm_union_ops = num_collectives, comm_union_ns - if(comm_blocks > 1, {over}, 0), "
-            "comm_ns)")  # fmt: skip
+        return (f"if(sum({t}.comm_union_ops) = sum({t}.num_collectives), sum({t}.comm_union_ns), "
+                f"sum({t}.comm_ns))")  # fmt: skip
+    return "if(comm_union_ops = num_collectives, comm_union_ns, comm_ns)"
 
 
 def schema_v2_statements(ttl_days: int) -> list[str]:
@@ -283,8 +283,8 @@ def schema_v2_statements(ttl_days: int) -> list[str]:
     Rows written before stay as they were and read as the plain sum.
     """
     del ttl_days  # no TTL of its own: the rollup's applies
-    stmts = [f"ALTER TABLE `{ROLLUP_TABLE}` ADD COLUMN IF NOT EXISTS `{name}` {type_}{' ' + default if default else ''}"
-             for name, type_, default in COMM_UNION_COLUMNS]  # fmt: skip
+    stmts = [f"ALTER TABLE `{ROLLUP_TABLE}` ADD COLUMN IF NOT EXISTS `{name}` {type_}"
+             for name, type_ in COMM_UNION_COLUMNS]  # fmt: skip
     stmts.append(f"ALTER TABLE `{ROLLUP_TABLE}_collectives_mv` MODIFY QUERY {collectives_rollup_query()}")
     return stmts
 
