@@ -34,7 +34,9 @@ cheap as the plain sum. It is exact when a rank-step's blocks arrive in time ord
 ops of different blocks overlap only at the edges of consecutive blocks (a flush that
 splits a pair of async ops in flight together), whatever the number of blocks; in any
 other case an upper bound: each block subtracts only what an earlier block covers, so
-the value is never below the true union, and never above the plain sum. A rank-step
+the value is never below the true union, and never above the plain sum (so it is for
+a rank-step split between two blocks of *one* insert, which do not see each other's
+rows; ClickHouse squashes an insert into blocks of about a million rows). A rank-step
 whose ops the union does not all cover (rows written before version 2) reads the plain
 sum ``comm_ns``, which stays what it was.
 """
