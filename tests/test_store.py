@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 
+import clickhouse_connect
 import pyarrow as pa
 import pytest
 from fleetscope.collector import Backpressure, IngestWriter, prepare
 from fleetscope.server.db import Job, open_db
-from fleetscope.server.store import Store, queries
+from fleetscope.server.store import Store, StoreURL, queries, view_queries
+from fleetscope.server.store import migrations as mig
+from fleetscope.server.store.ddl import BATCH_COLUMN
 from fleetscope.server.store.migrations import MIGRATIONS, migrate
 
 from fleetscope import codec
 from fleetscope.schema import RECORD_TYPES
+from fleetscope.topology import Topology
 from tests.helpers.data import now_ns, sample_rows
 
 MS = 1_000_000
@@ -51,7 +55,7 @@ def count(store, table, job):
 def test_migrations_are_versioned_and_idempotent(env):
     store, _ = env
     assert migrate(store.client, 30) == []  # already applied by Store.open
-    versions = [r["version"] for r in store.query_rows("SELECT version FROM schema_migrations")]
+    versions = [r["version"] for r in store.query_rows("SELECT version FROM schema_migrations ORDER BY version")]
     assert versions == [m.version for m in MIGRATIONS]
     # a TTL change between restarts is applied to existing tables
     migrate(store.client, 7)
@@ -184,12 +188,13 @@ def hand_dataset(t0):
     return b1, b2
 
 
-# rank 0 step 1: compute 30+40, optimizer 5, data 10, comm tp 8 + dp 12, step 120 -> idle 15
+# rank 0 step 1: compute 30+40, optimizer 5, data 10, comm tp 8 and dp 12 (in two batches,
+#   both from t0: they overlap, so communication is their union, 12), step 120 -> idle 23
 # rank 1 step 1: compute 30+50, optimizer 5, data 20, comm pp 10, step 100 -> busy 115, idle 0
 # rank 0 step 2: no step marker -> total = busy = 25 + 3 + 7
 EXPECTED = {
-    (1, 0): dict(compute_ns=70, optimizer_ns=5, dataloader_ns=10, other_ns=0, comm_ns=20,
-                 comm_dp_ns=12, comm_tp_ns=8, comm_pp_ns=0, total_ns=120, idle_ns=15),
+    (1, 0): dict(compute_ns=70, optimizer_ns=5, dataloader_ns=10, other_ns=0, comm_ns=12,
+                 comm_dp_ns=12, comm_tp_ns=8, comm_pp_ns=0, total_ns=120, idle_ns=23),
     (1, 1): dict(compute_ns=80, optimizer_ns=5, dataloader_ns=20, other_ns=0, comm_ns=10,
                  comm_dp_ns=0, comm_tp_ns=0, comm_pp_ns=10, total_ns=100, idle_ns=0),
     (2, 0): dict(compute_ns=25, optimizer_ns=0, dataloader_ns=0, other_ns=3, comm_ns=7,
@@ -228,3 +233,111 @@ def test_insert_with_batch_column_is_dictionary_encoded():
     t = with_batch_column([("k1", a), ("k2", b)])
     assert t.column("_batch").to_pylist() == ["k1", "k1", "k2"]
     assert pa.types.is_dictionary(t.schema.field("_batch").type)
+
+
+# ---- communication is the union of a rank-step's op intervals (schema version 2) ----------
+def _op(job, rank, step, start_ms, dur_ms, t0, op="all_reduce", axis="tp", seq=1, peer=-1):
+    return dict(job=job, rank=rank, step=step, group_id=f"{axis}.{rank}", axis=axis, seq=seq, op=op, peer=peer,
+                enqueued_ns=t0 + start_ms * MS, started_ns=t0 + start_ms * MS,
+                completed_ns=t0 + (start_ms + dur_ms) * MS, duration_ns=dur_ms * MS)  # fmt: skip
+
+
+def union_dataset(job, t0):
+    """Three rank-steps of rank 0, written in two batches; returns (batches, {step: (sum, union)})."""
+    b1 = [
+        # step 1: a 1F1B paired exchange (isend + irecv in flight together) and a disjoint op
+        _op(job, 0, 1, 0, 10, t0, "isend", "pp", 1, 1), _op(job, 0, 1, 2, 13, t0, "irecv", "pp", 2, 1),
+        _op(job, 0, 1, 50, 5, t0),
+        # step 2: the pair split by a flush (isend here, irecv in the next batch), ops on both sides
+        _op(job, 0, 2, 0, 4, t0, seq=2), _op(job, 0, 2, 20, 6, t0), _op(job, 0, 2, 100, 10, t0, "isend", "pp", 3, 1),
+        # step 3: serial ops only: the union is the plain sum
+        _op(job, 0, 3, 0, 3, t0, seq=3), _op(job, 0, 3, 10, 7, t0, seq=4),
+    ]
+    b2 = [
+        _op(job, 0, 2, 103, 12, t0, "irecv", "pp", 4, 1), _op(job, 0, 2, 200, 5, t0, seq=5),
+        _op(job, 0, 3, 30, 2, t0, seq=6),
+        _op(job, 0, 2, 300, 0, t0, seq=7),  # a zero-length op counts, adds no time
+    ]
+    # step 1: [0,15] + [50,55] = 20 (sum 28); step 2: [0,4] + [20,26] + [100,115] + [200,205] = 30
+    # (sum 37); step 3: 3 + 7 + 2 = 12 either way
+    return [b1, b2], {1: (28, 20), 2: (37, 30), 3: (12, 12)}
+
+
+def rollup_comm(store, job):
+    """{step: comm_ns} of rank 0 as the step breakdown and the heat-map's comm metric read it."""
+    df = queries.step_breakdown(store, job, 0, 0, 10, [], 100)
+    topo = Topology(dp=1, tp=1, pp=1)
+    cells = view_queries.heatmap_cells(store, job, 0, topo, view_queries.METRICS["comm"], "max", 1, 10, 1, 1)
+    breakdown = {int(r.step): int(r.comm_ns) // MS for r in df.itertuples()}
+    heatmap = {int(c.col) + 1: round(float(c.value)) for c in cells.itertuples()}
+    assert breakdown == heatmap, (breakdown, heatmap)
+    return breakdown
+
+
+def test_rollup_comm_is_the_union_of_overlapping_ops_across_batches(env):
+    store, db = env
+    batches, expected = union_dataset("union", now_ns())
+    for i, b in enumerate(batches):
+        run_writer(store, db, [(f"union-{i}", {"collectives": b})])
+    assert rollup_comm(store, "union") == {s: u for s, (_, u) in expected.items()}
+    # the plain sum is kept (rows written before version 2 read it), per-axis columns are sums
+    df = store.query_df("SELECT step, sum(comm_ns) AS s, sum(comm_pp_ns) AS pp FROM step_rollup "
+                        "WHERE job = 'union' GROUP BY step ORDER BY step")  # fmt: skip
+    assert [int(v) // MS for v in df["s"]] == [s for s, _ in expected.values()]
+    assert [int(v) // MS for v in df["pp"]] == [23, 22, 0]
+
+
+def test_migration_from_version_1_keeps_old_rows_and_unions_new_ones(env, monkeypatch):
+    """A store written by schema version 1 is upgraded in place: its rows read as before (the
+    sum), ops that arrive after the upgrade are counted as the union, even for a rank-step
+    that straddles the upgrade (then its whole rank-step reads the sum: never a mix)."""
+    store, _ = env
+    store.command("CREATE DATABASE IF NOT EXISTS `v1_store`")
+    old = Store(StoreURL("chdb", path=store.url.path),
+                clickhouse_connect.get_client(dsn=f"chdb://{store.url.path}", database="v1_store"))  # fmt: skip
+    try:
+        monkeypatch.setattr(mig, "MIGRATIONS", MIGRATIONS[:1])
+        assert migrate(old.client, 30) == [1]
+        monkeypatch.undo()
+        batches, expected = union_dataset("upg", now_ns())
+        insert_collectives(old, "upg-0", batches[0])  # written by the version-1 view
+        cols = {r["name"] for r in old.query_rows("SELECT name FROM system.columns WHERE database = 'v1_store' "
+                                                  "AND table = 'step_rollup'")}  # fmt: skip
+        assert "comm_union_ops" not in cols
+        assert migrate(old.client, 30) == [2] and migrate(old.client, 30) == []
+        insert_collectives(old, "upg-1", batches[1])  # written by the version-2 view
+        insert_collectives(old, "upg-2", [_op("upg", 0, 5, 0, 10, now_ns(), "isend", "pp", 9, 1),
+                                          _op("upg", 0, 5, 1, 10, now_ns(), "irecv", "pp", 9, 1)])
+        got = rollup_comm(old, "upg")
+        # step 1: all before the upgrade -> the sum, as version 1 read it; steps 2, 3 straddle
+        # it -> the sum; step 5: after it -> the union of the pair (11 ms, not 20)
+        assert got == {1: expected[1][0], 2: expected[2][0], 3: expected[3][0], 5: 11}
+        versions = [r["version"] for r in old.query_rows("SELECT version FROM schema_migrations ORDER BY version")]
+        assert versions == [1, 2]
+    finally:
+        old.close()
+
+
+def insert_collectives(store, batch, rows):
+    t = codec.rows_to_table(RECORD_TYPES["collectives"], rows)
+    store.insert_arrow("collectives", t.append_column(BATCH_COLUMN, pa.array([batch] * t.num_rows, pa.string())))
+
+
+def test_rollup_comm_over_three_batches_is_exact_and_a_late_block_an_upper_bound(env):
+    """Each batch subtracts its overlap with the edges of the latest-starting batch before
+    it: exact for batches in time order whose ops overlap only at consecutive batches'
+    edges, however many; a batch that overlaps an older one elsewhere is counted as an
+    upper bound (never above the plain sum, never below the union)."""
+    store, db = env
+    t0 = now_ns()
+    b1 = [_op("three", 0, 1, 0, 4, t0, seq=1), _op("three", 0, 1, 100, 10, t0, "isend", "pp", 2, 1)]
+    b2 = [_op("three", 0, 1, 103, 12, t0, "irecv", "pp", 3, 1), _op("three", 0, 1, 150, 10, t0, "isend", "pp", 4, 1)]
+    b3 = [_op("three", 0, 1, 152, 18, t0, "irecv", "pp", 5, 1)]
+    for i, b in enumerate((b1, b2, b3)):
+        run_writer(store, db, [(f"three-{i}", {"collectives": b})])
+    # each pair split between two batches: union [0,4] + [100,115] + [150,170] = 39 (sum 54)
+    assert rollup_comm(store, "three")[1] == 39
+    run_writer(store, db, [("three-3", {"collectives": [_op("three", 0, 1, 1, 2, t0, seq=6)]})])
+    # a late op inside the first batch's edge: the union stays 39, the sum is 56
+    got = rollup_comm(store, "three")[1]
+    assert 39 <= got <= 56 and got == 41

@@ -14,6 +14,31 @@ materialized view per table) and ``step_rollup`` (per job, attempt, step, rank: 
 time by kind, collective time by axis, step duration), fed by materialized views from
 ``sections``, ``collectives`` and ``steps`` so the heat map and the step breakdown
 never scan raw events.
+
+A rank's communication time in a step is the *union* of its ops' intervals, not their
+sum: overlapping async ops (the paired ``isend`` + ``irecv`` of a 1F1B exchange) wait
+once, not twice. A view sees one insert block at a time, and the ops of one rank-step
+may arrive in several blocks (an agent ships every half second), so (schema version 2)
+the collectives view adds, per rank-step of a block, plain columns only:
+
+* ``comm_union_ns``: the union of the block's op intervals, minus its overlap with the
+  *edges* already stored for that rank-step (looked up by key in ``step_rollup`` while
+  the block is inserted: a few granules);
+* ``comm_edges_hi`` (``max`` of a tuple): the block's edges ``(first start, first end,
+  last start, last end)``, the earliest and the latest disjoint segment of its union, so
+  the rollup keeps the edges of the latest-starting block;
+* ``comm_union_ops``: the ops counted.
+
+So communication reads back as ``sum(comm_union_ns)`` (:func:`comm_union_sql`), as
+cheap as the plain sum. It is exact when a rank-step's blocks arrive in time order and
+ops of different blocks overlap only at the edges of consecutive blocks (a flush that
+splits a pair of async ops in flight together), whatever the number of blocks; in any
+other case an upper bound: each block subtracts only what an earlier block covers, so
+the value is never below the true union, and never above the plain sum (so it is for
+a rank-step split between two blocks of *one* insert, which do not see each other's
+rows; ClickHouse squashes an insert into blocks of about a million rows). A rank-step
+whose ops the union does not all cover (rows written before version 2) reads the plain
+sum ``comm_ns``, which stays what it was.
 """
 
 from __future__ import annotations
@@ -43,6 +68,18 @@ ROLLUP_SUM_COLUMNS: Final = (
     "num_sections",
 )
 """Additive per-rank-per-step counters of ``step_rollup``."""
+
+_EDGES = "Tuple(Int64, Int64, Int64, Int64)"
+_I64_MAX = "9223372036854775807"
+COMM_UNION_COLUMNS: Final = (
+    ("comm_union_ns", "SimpleAggregateFunction(sum, Int64)"),
+    ("comm_edges_hi", f"SimpleAggregateFunction(max, {_EDGES})"),
+    ("comm_union_ops", "SimpleAggregateFunction(sum, Int64)"),
+)
+"""(name, type) of the ``step_rollup`` columns (schema version 2) that give communication
+as the union of a rank-step's op intervals (see the module docstring). Rows of the
+sections and steps views leave the edges at ``(0, 0, 0, 0)``, which never wins the
+``max`` and overlaps nothing (times are positive)."""
 
 
 def _seconds(col: str) -> str:
@@ -164,6 +201,94 @@ def rollup_views() -> list[str]:
         _rollup_view("collectives", "collectives", collectives, "enqueued_ns"),
         _rollup_view("steps", "steps", steps, "start_ns"),
     ]
+
+
+_EDGE_FOLD = (
+    # One pass over the block's intervals sorted by start ("max of running end"):
+    # (covered end, union length, number of disjoint segments, end of the first
+    # segment, start of the last one).
+    "arrayFold((acc, x) -> if(acc.3 = 0 OR x.1 > acc.1, "
+    "(x.2, acc.2 + (x.2 - x.1), acc.3 + 1, if(acc.3 = 1, acc.1, acc.4), x.1), "
+    "(greatest(acc.1, x.2), acc.2 + greatest(x.2 - acc.1, 0), acc.3, acc.4, acc.5)), "
+    "iv, (toInt64(0), toInt64(0), toInt64(0), toInt64(0), toInt64(0)))"
+)
+
+
+def _edges_overlap(a: str, b: str) -> str:
+    """Overlap (ns) of two blocks' edges: the sum over their segment pairs (the segments
+    of one block are disjoint, so the pairs' intersections are too)."""
+    segs = ((1, 2), (3, 4))
+    return " + ".join(
+        f"greatest(least({a}.{e1}, {b}.{e2}) - greatest({a}.{s1}, {b}.{s2}), 0)"
+        for s1, e1 in segs for s2, e2 in segs
+    )
+
+
+def collectives_rollup_query() -> str:
+    """The ``SELECT`` of the collectives view since schema version 2: the v1 columns plus
+    :data:`COMM_UNION_COLUMNS`, per (job, attempt, step, rank) of one insert block.
+
+    ``collectives`` in it is the inserted block (subqueries included); ``step_rollup``
+    is the stored table, read for the block's keys only (its primary key).
+    """
+    dur = "if(duration_ns > 0, duration_ns, 0)"
+    sums = {
+        "comm_ns": f"sum({dur})",
+        "comm_dp_ns": f"sumIf({dur}, axis = 'dp')",
+        "comm_tp_ns": f"sumIf({dur}, axis = 'tp')",
+        "comm_pp_ns": f"sumIf({dur}, axis = 'pp')",
+        "comm_world_ns": f"sumIf({dur}, axis NOT IN ('dp', 'tp', 'pp'))",
+        "num_collectives": "count()",
+    }
+    inner = ", ".join(f"toInt64({sums.get(c, '0')}) AS {c}" for c in ROLLUP_SUM_COLUMNS)
+    outer = ", ".join(f"b.{c} AS {c}" for c in ROLLUP_SUM_COLUMNS)
+    # a one-segment block: its last edge is empty ([end, end]), so it is not counted twice
+    edges = "if(f.3 = 0, (0, 0, 0, 0), (iv[1].1, if(f.3 = 1, f.1, f.4), if(f.3 = 1, f.1, f.5), f.1))"
+    key = "job, attempt, step, rank"
+    on = " AND ".join(f"b.{k} = p.{k}" for k in key.split(", "))
+    return (
+        f"SELECT b.job AS job, b.attempt AS attempt, b.step AS step, b.rank AS rank, b.day_ns AS day_ns, {outer}, "
+        f"toInt64({_I64_MAX}) AS step_start_ns, toInt64(0) AS step_end_ns, toInt64(0) AS step_ns, "
+        f"toInt64(b.union_ns - ({_edges_overlap('p.prev_edges', 'b.edges')})) AS comm_union_ns, "
+        "b.edges AS comm_edges_hi, b.num_collectives AS comm_union_ops\n"
+        f"FROM (SELECT {key}, max(enqueued_ns) AS day_ns, {inner}, "
+        "arraySort(groupArrayIf((enqueued_ns, enqueued_ns + duration_ns), duration_ns > 0)) AS iv, "
+        f"{_EDGE_FOLD} AS f, toInt64(f.2) AS union_ns, CAST({edges}, '{_EDGES}') AS edges\n"
+        f"      FROM `collectives` WHERE rank >= 0 GROUP BY {key}) AS b\n"
+        f"LEFT JOIN (SELECT {key}, max(comm_edges_hi) AS prev_edges FROM `{ROLLUP_TABLE}`\n"
+        f"           WHERE ({key}) IN (SELECT {key} FROM `collectives` WHERE rank >= 0)\n"
+        f"           GROUP BY {key}) AS p ON {on}\n"
+        "SETTINGS join_use_nulls = 0"
+    )
+
+
+def comm_union_sql(grouped: bool) -> str:
+    """A rank-step's communication time (ns, Int64) as the union of its op intervals.
+
+    Args:
+        grouped: ``True`` for a query that groups rollup rows by their key again
+            (aggregates of the columns of ``FROM step_rollup``, unaliased); ``False``
+            for merged rows (``FINAL``).
+    """
+    if grouped:  # qualified: a query may alias its sums with these very names
+        t = f"`{ROLLUP_TABLE}`"
+        return (f"if(sum({t}.comm_union_ops) = sum({t}.num_collectives), sum({t}.comm_union_ns), "
+                f"sum({t}.comm_ns))")  # fmt: skip
+    return "if(comm_union_ops = num_collectives, comm_union_ns, comm_ns)"
+
+
+def schema_v2_statements(ttl_days: int) -> list[str]:
+    """Store schema version 2: ``step_rollup`` communication as the union of op intervals.
+
+    Adds :data:`COMM_UNION_COLUMNS` to an existing rollup and swaps the collectives view's
+    query in place (``MODIFY QUERY``: no insert falls between an old and a new view).
+    Rows written before stay as they were and read as the plain sum.
+    """
+    del ttl_days  # no TTL of its own: the rollup's applies
+    stmts = [f"ALTER TABLE `{ROLLUP_TABLE}` ADD COLUMN IF NOT EXISTS `{name}` {type_}"
+             for name, type_ in COMM_UNION_COLUMNS]  # fmt: skip
+    stmts.append(f"ALTER TABLE `{ROLLUP_TABLE}_collectives_mv` MODIFY QUERY {collectives_rollup_query()}")
+    return stmts
 
 
 def schema_v1_statements(ttl_days: int) -> list[str]:

@@ -39,6 +39,7 @@ class Migration:
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "record tables, ingest batch registry, per-rank-per-step rollup", ddl.schema_v1_statements),
+    Migration(2, "rollup communication as the union of a rank-step's op intervals", ddl.schema_v2_statements),
 )
 
 

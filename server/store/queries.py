@@ -4,6 +4,8 @@
 Per-rank-per-step figures come from the ``step_rollup`` table (see
 :mod:`fleetscope.server.store.ddl`), not from raw events. Rollup rows are partial
 aggregates until ClickHouse merges them, so every query groups by its key again.
+Communication (``comm_ns``) is the union of a rank-step's op intervals
+(:func:`.ddl.comm_union_sql`); the per-axis columns are plain sums per axis.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from .ddl import BATCHES_TABLE, ROLLUP_TABLE
+from .ddl import BATCHES_TABLE, ROLLUP_TABLE, comm_union_sql
 
 WRITTEN_BATCHES = f"""
 SELECT DISTINCT batch, `table` FROM {BATCHES_TABLE}
@@ -27,7 +29,7 @@ STEP_BREAKDOWN = f"""
 SELECT step, rank,
        sum(compute_ns) AS compute_ns, sum(dataloader_ns) AS dataloader_ns,
        sum(optimizer_ns) AS optimizer_ns, sum(other_ns) AS other_ns,
-       sum(comm_ns) AS comm_ns, sum(comm_dp_ns) AS comm_dp_ns, sum(comm_tp_ns) AS comm_tp_ns,
+       {comm_union_sql(grouped=True)} AS comm_ns, sum(comm_dp_ns) AS comm_dp_ns, sum(comm_tp_ns) AS comm_tp_ns,
        sum(comm_pp_ns) AS comm_pp_ns, sum(comm_world_ns) AS comm_world_ns,
        sum(num_collectives) AS num_collectives, sum(num_sections) AS num_sections,
        max(step_ns) AS step_ns, min(step_start_ns) AS step_start_ns, max(step_end_ns) AS step_end_ns

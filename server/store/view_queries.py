@@ -22,7 +22,7 @@ import pandas as pd
 
 from fleetscope.topology import Topology
 
-from .ddl import ROLLUP_TABLE
+from .ddl import ROLLUP_TABLE, comm_union_sql
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,10 @@ class Metric:
     """Names in the ``metrics`` table (device metrics), first one found wins."""
 
 
-_OWN = "if(step_ns > 0, greatest(step_ns - comm_ns, 0), compute_ns + dataloader_ns + optimizer_ns + other_ns)"
-_PARTS = "compute_ns + dataloader_ns + optimizer_ns + other_ns + comm_ns"
+_COMM = comm_union_sql(grouped=False)
+"""A merged rollup row's communication: the union of its op intervals (see :mod:`.ddl`)."""
+_OWN = f"if(step_ns > 0, greatest(step_ns - ({_COMM}), 0), compute_ns + dataloader_ns + optimizer_ns + other_ns)"
+_PARTS = f"compute_ns + dataloader_ns + optimizer_ns + other_ns + ({_COMM})"
 
 METRICS: Final[dict[str, Metric]] = {
     m.key: m
@@ -45,7 +47,7 @@ METRICS: Final[dict[str, Metric]] = {
         Metric("step", "step time", "ms", "if(step_ns > 0, step_ns, " + _PARTS + ") / 1e6"),
         Metric("own", "own work (step − communication)", "ms", f"({_OWN}) / 1e6"),
         Metric("compute", "compute time", "ms", "compute_ns / 1e6"),
-        Metric("comm", "communication + wait time", "ms", "comm_ns / 1e6"),
+        Metric("comm", "communication + wait time", "ms", f"({_COMM}) / 1e6"),
         Metric("comm_dp", "DP communication time", "ms", "comm_dp_ns / 1e6"),
         Metric("comm_tp", "TP communication time", "ms", "comm_tp_ns / 1e6"),
         Metric("comm_pp", "PP (p2p) wait + transfer time", "ms", "comm_pp_ns / 1e6"),
@@ -62,13 +64,13 @@ METRICS: Final[dict[str, Metric]] = {
 AGGREGATES: Final[dict[str, str]] = {"max": "max", "mean": "avg", "min": "min"}
 
 _ROLLUP_PER_RANK_STEP = f"""
-SELECT step, rank, compute_ns, dataloader_ns, optimizer_ns, other_ns, comm_ns,
-       comm_dp_ns, comm_tp_ns, comm_pp_ns, step_ns, step_start_ns, step_end_ns
+SELECT step, rank, step_ns, {_OWN} AS own
 FROM {ROLLUP_TABLE} FINAL
 WHERE job = {{job:String}} AND attempt = {{attempt:Int32}}
   AND step >= {{from_step:Int64}} AND step <= {{to_step:Int64}} AND rank >= 0 AND rank < {{world:Int32}}
 """
-"""One merged row per (step, rank) in the window (``FINAL``: see the module docstring)."""
+"""One merged row per (step, rank) in the window (``FINAL``: see the module docstring),
+with its own work (step - communication, the union of its op intervals)."""
 
 _DISPLAY_INDEX = (
     "((intDiv(rank, {s_pp:Int64}) % {n_pp:Int64}) * {n_dp:Int64} + intDiv(rank, {s_dp:Int64}) % {n_dp:Int64})"
@@ -143,7 +145,7 @@ GROUP BY step ORDER BY step
 RANK_SCORES = f"""
 SELECT rank, quantileExact(0.5)(own) AS own_ns, max(step) AS last_step, count() AS num_steps,
        if(countIf(step_ns > 0) > 0, maxIf(step, step_ns > 0), -1) AS last_done_step
-FROM (SELECT step, rank, step_ns, {_OWN} AS own FROM ({_ROLLUP_PER_RANK_STEP}))
+FROM ({_ROLLUP_PER_RANK_STEP})
 GROUP BY rank
 """
 """``last_done_step``: the last completed step in the window, -1 when none (then

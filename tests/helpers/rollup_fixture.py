@@ -12,7 +12,9 @@ micro-batches' forward + backward, dataloader, grad sync and optimizer, each wit
 simulator's jitter; a step lasts as long as its slowest rank's busy time plus the
 bubble and communication the calibrated step time leaves (``step_ms`` minus the nominal
 busy time); every other rank's remainder is communication, split between the axes in
-the ratio of their link times. Run from the repository root::
+the ratio of their link times. Communication is also stored as the collectives view
+stores the union of op intervals (schema version 2: ``comm_union_ns``, the edges, the
+ops counted). Run from the repository root::
 
     python -m tests.helpers.rollup_fixture --store chdb:///tmp/fs-scale/store
 """
@@ -100,7 +102,7 @@ class ScaleJob:
         sql = """
 INSERT INTO step_rollup (job, attempt, step, rank, day_ns, compute_ns, dataloader_ns, optimizer_ns, other_ns,
     comm_ns, comm_dp_ns, comm_tp_ns, comm_pp_ns, comm_world_ns, num_collectives, num_sections,
-    step_start_ns, step_end_ns, step_ns)
+    step_start_ns, step_end_ns, step_ns, comm_union_ns, comm_edges_hi, comm_union_ops)
 WITH rank_steps AS (
   SELECT toInt64(intDiv(number, {n:UInt64})) AS step, toInt32(number % {n:UInt64}) AS rank,
          {compute_ns:Float64} * (1 + {spread:Float64} * ((cityHash64(number) % 10000) / 10000.0 - 0.5))
@@ -121,7 +123,10 @@ steps AS (
 SELECT {job:String}, 0, r.step, r.rank, s.start, toInt64(r.compute), toInt64(r.dl), toInt64(r.opt),
        toInt64({other_ns:Float64}), toInt64(s.step_ns - r.busy) AS comm,
        toInt64(comm * {dp_share:Float64}), toInt64(comm * {tp_share:Float64}), toInt64(comm * {pp_share:Float64}),
-       0, {num_collectives:UInt32}, {num_sections:UInt32}, s.start, s.start + toInt64(s.step_ns), toInt64(s.step_ns)
+       0, {num_collectives:UInt32}, {num_sections:UInt32}, s.start, s.start + toInt64(s.step_ns), toInt64(s.step_ns),
+       comm, (s.start, s.start + (intDiv(comm, {num_collectives:UInt32}) AS edge),
+              s.start + toInt64(s.step_ns) - edge, s.start + toInt64(s.step_ns)),
+       {num_collectives:UInt32}
 FROM rank_steps AS r INNER JOIN steps AS s ON r.step = s.step
 """
         return sql, self.params()

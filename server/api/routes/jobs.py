@@ -135,7 +135,9 @@ def job_steps(
     limit: Annotated[int, Query(ge=1, le=MAX_STEP_ROWS)] = 100_000,
 ) -> JSONResponse:
     """Per rank per step: total, compute, communication, data-loading and idle time (ns),
-    from the materialized per-rank-per-step rollup."""
+    from the materialized per-rank-per-step rollup. Communication is the union of the
+    rank's op intervals in the step (overlapping ops count once); the per-axis fields
+    are sums per axis."""
     if to_step is not None and to_step < from_step:
         raise HTTPException(422, detail=f"to_step={to_step} is before from_step={from_step}")
     rank_list = parse_ranks(ranks, settings.max_ranks_expanded)
