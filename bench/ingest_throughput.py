@@ -65,7 +65,10 @@ def server_cpu_s(srv: Server) -> float:
 def one_run(args: argparse.Namespace, world: int, variant: str, extra: list[str], work: Path) -> dict[str, Any]:
     # the diagnosis worker queries the embedded store through the server process: off by
     # default, so the server's CPU is the ingest path's alone
-    srv = Server(work, diagnosis_enabled=str(args.with_diagnosis).lower())
+    settings = {"diagnosis_enabled": str(args.with_diagnosis).lower()}
+    if args.linger_ms is not None:
+        settings["coalesce_linger_ms"] = str(args.linger_ms)
+    srv = Server(work, **settings)
     try:
         cpu0 = server_cpu_s(srv)
         sim = Sim(srv, f"ingest{world}-{variant}", world, args.steps, args.step_ms, work, tp_ops=args.tp_ops,
@@ -121,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="baseline,coalesced", help="which runs (default both)")
     ap.add_argument("--with-diagnosis", action="store_true",
                     help="run the diagnosis worker too (its store queries then count in the server's CPU)")
+    ap.add_argument("--linger-ms", type=float, default=None,
+                    help="the servers' coalesce_linger_ms (default: the server's default)")
     ap.add_argument("--quick", action="store_true", help="1,024 ranks, 8 steps")
     ap.add_argument("--workdir", default=None, help="keep servers' dirs and logs here (default: a temp dir)")
     args = ap.parse_args(argv)
