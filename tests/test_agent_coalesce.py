@@ -118,11 +118,11 @@ def store_counts(workdir) -> dict[str, int]:
     return {r["name"]: int(r["n"]) for r in rows}
 
 
-def make_agents(url: str, hosts: int, limits: CoalesceLimits, **kw):
+def make_agents(url: str, hosts: int, limits: CoalesceLimits, in_flight: int = 4, **kw):
     from fleetscope.sim.agents import SimAgents
 
-    return SimAgents(url, [f"h{h}" for h in range(hosts)], run_id="coalesce-test", in_flight=4, senders=4,
-                     clock_sync=False, coalescing=limits, **kw)
+    return SimAgents(url, [f"h{h}" for h in range(hosts)], run_id="coalesce-test", in_flight=in_flight,
+                     senders=4, clock_sync=False, coalescing=limits, **kw)
 
 
 def test_coalescing_agents_send_fewer_requests_and_store_every_row_once(tmp_path):
@@ -202,3 +202,40 @@ def test_nothing_acknowledged_is_lost_when_the_server_is_killed_mid_stream(tmp_p
     lost = sorted(k for k in want if counts.get(k, 0) < rows)
     dup = sorted(k for k in want if counts.get(k, 0) > rows)
     assert not lost and not dup and counts == want, (lost, dup)
+
+
+def test_a_request_over_the_servers_row_limit_is_split_and_still_stored_once(tmp_path):
+    """Agents bounded above the server's max_request_rows: the 413 (naming the limit)
+    makes them send halves; nothing is rejected for good, nothing lost or doubled."""
+    hosts, batches, rows = 2, 12, 100
+    proc = ServerProcess(tmp_path, diagnosis_enabled=False, max_request_rows=450)
+    proc.start()
+    try:
+        agents = make_agents(proc.base_url, hosts, CoalesceLimits(max_rows=100_000), in_flight=1)
+        try:
+            for b in range(batches):
+                agents.ship(host_data(hosts, b, rows))
+            assert agents.drain(120)
+            st = agents.stats
+        finally:
+            agents.close()
+    finally:
+        proc.stop()
+    assert st.splits_413 > 0 and st.rejected == 0
+    assert st.batches == hosts * batches and st.rows_acked == hosts * batches * rows
+    assert store_counts(tmp_path) == {f"b{b}-h{h}": rows for b in range(batches) for h in range(hosts)}
+
+
+def test_the_413_names_the_row_limit(tmp_path):
+    import httpx
+
+    proc = ServerProcess(tmp_path, diagnosis_enabled=False, max_request_rows=450)
+    proc.start()
+    try:
+        body = codec.encode_batch({"metrics": metrics_table(500, "big")})
+        r = httpx.post(f"{proc.base_url}/api/v1/ingest", content=body,
+                       headers={"Content-Type": codec.ARROW_CONTENT_TYPE, "Idempotency-Key": "k-big"})
+    finally:
+        proc.stop()
+    assert r.status_code == 413 and r.headers.get("X-Fleetscope-Retry") == "no"
+    assert "max_request_rows=450" in r.json()["detail"], r.json()
