@@ -26,6 +26,7 @@ run stores at least 0.9x the baseline's records/s.
     .venv/bin/python bench/ingest_throughput.py                  # 2,048 and 12,288 ranks, 20 steps
     .venv/bin/python bench/ingest_throughput.py --quick          # 1,024 ranks, 8 steps (~1 min)
     .venv/bin/python bench/ingest_throughput.py --sizes 2048 --steps 12
+    .venv/bin/python bench/ingest_throughput.py --request-cost   # CPU per request, per insert
 """
 
 from __future__ import annotations
@@ -111,6 +112,74 @@ def check(r: dict[str, Any]) -> list[str]:
     return bad
 
 
+def request_cost() -> None:
+    """The server's CPU per request (decode + validate + content digest, no HTTP) and its
+    Arrow compute calls, for 1, 4 and 16 s of one host's data (12,288-rank job shape:
+    TP 8 x PP 8, K=4, 4 micro-batches), and chDB's CPU per insert group."""
+    import cProfile
+    import pstats
+    import resource
+
+    import pyarrow.compute as pc
+    from fleetscope.collector.validate import decode_request
+    from fleetscope.collector.writer import content_digest, with_batch_column
+    from fleetscope.sim.agents import encode_body
+    from fleetscope.sim.offline import job_tables
+
+    from fleetscope.codec import ARROW_CONTENT_TYPE
+    from fleetscope.topology import Topology
+
+    t0 = time.time_ns() - 600 * 10**9
+    tabs = job_tables(Topology(dp=2, tp=8, pp=8), 8, t0, job="cost", step_ms=2000, tp_ops=4, gpus_per_host=8,
+                      num_mb=4)
+    host0 = {k: (t.filter(pc.equal(t["host"], "h0")) if "host" in t.column_names else t)
+             for k, t in tabs.items() if k != "jobs"}
+    print(f"server cost per request (load average {os.getloadavg()}):")
+    for secs in (1, 4, 16):
+        part = {k: t.slice(0, max(1, t.num_rows * secs // 16)) for k, t in host0.items()}
+        body = encode_body(part, None)
+        rows = sum(t.num_rows for t in part.values())
+
+        def work(reps: int, body: bytes = body) -> None:
+            for _ in range(reps):
+                content_digest(decode_request(body, ARROW_CONTENT_TYPE, "h0", 12345))
+
+        work(5)
+        best = []
+        for _ in range(5):
+            c0 = time.process_time()
+            work(20)
+            best.append((time.process_time() - c0) / 20)
+        prof = cProfile.Profile()
+        prof.enable()
+        work(5)
+        prof.disable()
+        stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+        calls = sum(v[1] for k, v in stats.items() if k[0].endswith("pyarrow/compute.py") and "wrapper" in k[2]) / 5
+        print(f"  {secs:2d} s of one host: {rows:5d} rows, CPU {min(best) * 1e3:5.2f} ms/request = "
+              f"{min(best) / rows * 1e6:5.2f} us/row, {calls:.0f} Arrow compute calls/request")
+    from fleetscope.server.store import Store
+
+    work_dir = Path(tempfile.mkdtemp(prefix="ingest-cost-"))
+    store = Store.open(f"chdb://{work_dir / 'store'}")
+    client = store.new_client()
+    big = job_tables(Topology(dp=4, tp=8, pp=8), 4, t0, job="ins", step_ms=2000, tp_ops=4, gpus_per_host=8, num_mb=4)
+    n = 0
+    for frac in (0.01, 0.1, 1.0):
+        part = {k: t.slice(0, max(1, int(t.num_rows * frac))) for k, t in big.items() if k != "jobs"}
+        rows = sum(t.num_rows for t in part.values())
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        for _ in range(3):
+            for name, t in part.items():
+                n += 1
+                client.insert_arrow(name, with_batch_column([(f"k{n}", t)]),
+                                    settings={"insert_deduplication_token": f"t{n}"})
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / 3
+        print(f"  chDB insert group of {len(part)} tables, {rows:6d} rows: CPU {cpu * 1e3:5.0f} ms")
+    store.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default=None, help="world sizes, multiples of 64 (default 2048,12288)")
@@ -126,9 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the diagnosis worker too (its store queries then count in the server's CPU)")
     ap.add_argument("--linger-ms", type=float, default=None,
                     help="the servers' coalesce_linger_ms (default: the server's default)")
+    ap.add_argument("--request-cost", action="store_true",
+                    help="only the server's CPU per request (decode, validation, digest) and per insert group")
     ap.add_argument("--quick", action="store_true", help="1,024 ranks, 8 steps")
     ap.add_argument("--workdir", default=None, help="keep servers' dirs and logs here (default: a temp dir)")
     args = ap.parse_args(argv)
+    if args.request_cost:
+        request_cost()
+        return 0
     if args.sizes is None:
         args.sizes = "1024" if args.quick else "2048,12288"
     if args.steps is None:
