@@ -89,6 +89,10 @@ class AgentConfig:
     in_flight: int = field(default=4, metadata=flag("--in-flight", group=BATCHING, metavar="N"))
     """Batches on the wire at once; 1 = one request at a time (acks may come back in any
     order; offsets still move only over each file's contiguous acknowledged prefix)."""
+    coalesce: bool = field(default=True, metadata=flag("--no-coalesce", group=BATCHING, negate=True))
+    """While a batch is on the wire, keep filling the next one (up to ``batch_bytes``)
+    instead of cutting one every ``batch_delay_s``: fewer, larger requests when the
+    server is slow (--no-coalesce: cut on the delay whenever the window has room)."""
     poll_s: float = field(default=POLL_S, metadata=flag("--poll", group=BATCHING, metavar="S"))
     """Spool scan period when idle, in seconds."""
     compression: str | None = field(default="zstd", metadata=flag(

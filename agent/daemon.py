@@ -76,7 +76,7 @@ class Agent:
             clock=self.clock, retention=self.retention, ranks=self.ranks, outbox=self.outbox,
             state_dir=cfg.state_dir, batch_bytes=cfg.batch_bytes, batch_delay_s=cfg.batch_delay_s,
             poll_s=cfg.poll_s, compression=cfg.compression, in_flight=cfg.in_flight,
-            stop_event=self.stop_event, rejected_max_bytes=cfg.rejected_max_bytes)
+            coalesce=cfg.coalesce, stop_event=self.stop_event, rejected_max_bytes=cfg.rejected_max_bytes)
         self.gpu: GpuSampler | None = None
         if cfg.gpu:
             nv = open_nvml(nvml_module)

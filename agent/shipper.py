@@ -6,6 +6,14 @@ Threads: the *builder* (:meth:`Shipper.run`) reads frames, batches them by size
 latency-bound: it and the server wait for each other); *retention* deletes segments
 (it must keep working while the senders are stuck on an unreachable server).
 
+Coalescing (``coalesce``, on by default; ``agent/coalesce.py`` states the rules): a
+batch past ``batch_delay_s`` is cut only while nothing is on the wire; while a request
+is out the next batch keeps filling, up to ``batch_bytes``, and full batches go at once
+(up to ``in_flight`` of them). The server's cost per request is mostly fixed, so a slow
+server gets fewer, larger requests rather than one per agent per ``batch_delay_s``. A
+batch is coalesced *before* it is made pending, so its key, its durable ranges and its
+re-send after a restart are those of any other batch.
+
 Acknowledgements may arrive out of order; :class:`~fleetscope.agent.window.AckWindow`
 lets a file's durable offset move only over its contiguous acknowledged prefix, and a
 batch acknowledged beyond a gap stays ``pending`` until the gap closes. Every batch is
@@ -78,7 +86,7 @@ class Shipper:
                  transport: Transport, clock: ClockSync, retention: Retention,
                  ranks: RankRegistry | None, outbox: Outbox | None, state_dir: Path,
                  batch_bytes: int = BATCH_BYTES, batch_delay_s: float = BATCH_DELAY_S, poll_s: float = POLL_S,
-                 compression: str | None = "zstd", in_flight: int = 4,
+                 compression: str | None = "zstd", in_flight: int = 4, coalesce: bool = True,
                  stop_event: threading.Event | None = None,
                  rejected_max_bytes: int = REJECTED_MAX_BYTES):
         self.host = host
@@ -99,6 +107,8 @@ class Shipper:
         self.stats = ShipStats()
         self.stop_event = stop_event or threading.Event()
         self.in_flight = in_flight
+        self.coalesce = coalesce
+        """Nagle for batches: past the delay, cut only when nothing is on the wire."""
         # ``in_flight`` requests on the wire (one per sender thread) plus as many batches
         # built, pending and ready for the next free sender: the server coalesces
         # concurrent requests into one insert, so acks come in groups, and a group of
@@ -177,8 +187,12 @@ class Shipper:
                 size += sum(f.end - f.start for f in got)
                 self.idle.clear()
             full = size >= self.batch_bytes
-            # past the delay, ship as soon as a sender is free; meanwhile keep filling
-            due = bool(frames) and now - first >= self.batch_delay_s and self.window.has_slot()
+            # past the delay, ship as soon as a sender is free; meanwhile keep filling. With
+            # coalescing, past the delay only when nothing is on the wire either: while the
+            # server works on one batch the next one grows (up to batch_bytes), so a slow
+            # server gets fewer, larger requests instead of one per batch_delay_s
+            due = bool(frames) and now - first >= self.batch_delay_s and self.window.has_slot() \
+                and (not self.coalesce or self.window.unacked == 0)
             if full or due:
                 self._dispatch(frames)
                 frames, size = [], 0

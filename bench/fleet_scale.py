@@ -253,6 +253,8 @@ class Sim:
     tp_ops: int = 4
     batch_delay_s: float = 1.0
     drain_s: float = 60.0
+    extra: list[str] = field(default_factory=list)
+    """More ``fleetscope simulate`` flags (e.g. ``--no-coalesce``)."""
     proc: subprocess.Popen | None = None
 
     def start(self) -> Sim:
@@ -264,6 +266,7 @@ class Sim:
                "--drain-timeout", str(self.drain_s)]
         for s in self.inject:
             cmd += ["--inject", s]
+        cmd += self.extra
         self.out = self.work / f"sim-{self.job}.json"
         self.proc = subprocess.Popen(cmd, stdout=open(self.out, "wb"),
                                      stderr=open(self.work / f"sim-{self.job}.log", "wb"))

@@ -118,8 +118,6 @@ def content_digest(tables: dict[str, pa.Table]) -> str:
     re-reads its frames file by file and may concatenate them in another order than the
     first attempt; the rows are the same, so it must be the same batch.
     """
-    import pyarrow.compute as pc
-
     h = hashlib.sha256()
     for name in sorted(tables):
         t = tables[name]
@@ -128,13 +126,27 @@ def content_digest(tables: dict[str, pa.Table]) -> str:
         h.update(f"{name}:{t.num_rows}".encode())
         for col_name, col in zip(t.column_names, t.columns):
             if pa.types.is_integer(col.type):
-                v = pc.sum(col.cast(pa.int64())).as_py()
+                # int64 sums wrap; narrower ones sum into int64 as if cast first
+                v = pc.sum(col).as_py()
             elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-                v = pc.sum(pc.binary_length(col)).as_py()
+                v = _string_bytes(col)
             else:
                 continue
             h.update(f"|{col_name}={v}".encode())
     return h.hexdigest()[:16]
+
+
+def _string_bytes(col: pa.ChunkedArray) -> int | None:
+    """Total UTF-8 bytes of a string column, from each chunk's first and last offset (no
+    compute call); ``None`` for an empty column, as ``pc.sum`` gives."""
+    total, seen = 0, False
+    for chunk in col.chunks:
+        if len(chunk):
+            width = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+            offsets = np.frombuffer(chunk.buffers()[1], dtype=width)
+            total += int(offsets[chunk.offset + len(chunk)]) - int(offsets[chunk.offset])
+            seen = True
+    return total if seen else None
 
 
 @dataclass

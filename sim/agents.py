@@ -7,6 +7,13 @@ encode_batch`), and at most ``in_flight`` requests of one host are on the wire a
 time (the agent's bound). All agents share one keep-alive HTTP client and a small pool
 of sender threads: a thousand real ``httpx`` clients would measure this machine, not
 the server.
+
+Coalescing (:mod:`fleetscope.agent.coalesce`), as the agent does: a host's sender,
+when it starts, takes every batch queued for that host at that moment (bounded rows
+and bytes) and POSTs them as one request, so the request rate adapts to the server's
+latency instead of staying at one request per host per ``batch_delay_s``. At most one
+send per host waits for a sender thread; ``CoalesceLimits(enabled=False)`` restores
+one request per batch (the bench's baseline).
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 import pyarrow as pa
+from fleetscope.agent import coalesce
 from fleetscope.agent.clock import ClockSync
+from fleetscope.agent.coalesce import CoalesceLimits, Sized
 from fleetscope.agent.transport import Transport
 
 from fleetscope import codec
@@ -57,6 +66,12 @@ class ShipStats:
     rejected: int = 0
     rejected_detail: str = ""
     rows_queued: int = 0
+    batches_cut: int = 0
+    """Batches handed to the agents (``requests`` <= this: coalesced ones count once)."""
+    requests: int = 0
+    """Acknowledged requests."""
+    splits_413: int = 0
+    """Coalesced requests the server refused as too large, sent again as halves."""
     post_s: list[float] = field(default_factory=list)
 
 
@@ -65,9 +80,11 @@ class SimAgents:
 
     def __init__(self, server: str, hosts: list[str], run_id: str, *, token: str | None = None,
                  in_flight: int = 4, senders: int = 8, compression: str | None = None,
-                 timeout_s: float = 30.0, max_backoff_s: float = 5.0, clock_sync: bool = True) -> None:
+                 timeout_s: float = 30.0, max_backoff_s: float = 5.0, clock_sync: bool = True,
+                 coalescing: CoalesceLimits | None = None) -> None:
         self.hosts, self.run_id = hosts, run_id
         self.in_flight, self.compression = in_flight, compression
+        self.coalescing = coalescing or CoalesceLimits()
         self.template = Transport(server, hosts[0], timeout_s=timeout_s, max_backoff_s=max_backoff_s,
                                   token=token)
         # one pool for all agents, as wide as the senders (httpx's default is 100)
@@ -79,8 +96,13 @@ class SimAgents:
         self.clock = ClockSync(self.template.client, num_rounds=4, enabled=clock_sync)
         self.clock.measure()
         self._transports: dict[int, Transport] = {}
-        self.queues: list[deque] = [deque() for _ in hosts]
+        self.queues: list[deque[Sized[tuple[int, dict[str, pa.Table]]]]] = [deque() for _ in hosts]
         self.outstanding = [0] * len(hosts)
+        """Sends of each host started or waiting for a sender thread (<= ``in_flight``)."""
+        self.waiting = [False] * len(hosts)
+        """A send of this host waits for a sender thread (it takes the queue when it runs)."""
+        self.queued = [[0, 0] for _ in hosts]
+        """Rows and bytes queued per host (not yet taken by a send)."""
         self.seq = [0] * len(hosts)
         self.oldest: dict[tuple[int, int], float] = {}
         """(host, batch no) -> monotonic time the batch was cut, until acknowledged."""
@@ -124,52 +146,82 @@ class SimAgents:
                 n = sum(t.num_rows for t in tables.values())
                 rows += n
                 self.seq[h] += 1
-                self.queues[h].append((self.seq[h], tables, n))
+                item = Sized((self.seq[h], tables), n, coalesce.table_bytes(tables))
+                self.queues[h].append(item)
+                self.queued[h][0] += item.num_rows
+                self.queued[h][1] += item.num_bytes
                 self.oldest[(h, self.seq[h])] = now
             self.stats.rows_queued += rows
+            self.stats.batches_cut += len(per_host)
             for h in per_host:
                 self._pump(h)
         return rows
 
     def _pump(self, h: int) -> None:
-        """Start this host's next batches while it has room (lock held)."""
-        q = self.queues[h]
-        while q and self.outstanding[h] < self.in_flight and not self.stop_event.is_set():
-            item = q.popleft()
-            self.outstanding[h] += 1
-            self.pool.submit(self._send, h, *item)
+        """Start a send of this host if it has batches, room, and none waiting (lock held).
 
-    def _send(self, h: int, n: int, tables: dict[str, pa.Table], num_rows: int) -> None:
+        Coalescing, a send starts while another of the host's is on the wire only for a
+        full request's worth of batches (:func:`fleetscope.agent.coalesce.should_send`).
+        """
+        if self.queues[h] and not self.waiting[h] and self.outstanding[h] < self.in_flight \
+                and not self.stop_event.is_set() \
+                and coalesce.should_send(self.outstanding[h], *self.queued[h], self.coalescing):
+            self.outstanding[h] += 1
+            self.waiting[h] = True
+            self.pool.submit(self._send, h)
+
+    def _send(self, h: int) -> None:
+        with self.lock:
+            self.waiting[h] = False
+            batch = coalesce.take(self.queues[h], self.coalescing)
+            self.queued[h][0] -= sum(b.num_rows for b in batch)
+            self.queued[h][1] -= sum(b.num_bytes for b in batch)
+            self._pump(h)  # what is left (over the bounds, or queued later) goes next
         try:
-            body = encode_body(tables, self.compression)
-            est = self.clock.estimate
-            t0 = time.perf_counter()
-            res = self.transport(h).post_batch(body, self.key(h, n), est.offset_ns,
-                                               est.uncertainty_ns, self.stop_event)
-            took = time.perf_counter() - t0
-            with self.lock:
-                st = self.stats
-                if res.outcome == "ok":
-                    st.batches += 1
-                    st.rows_acked += num_rows
-                    st.bytes_sent += len(body)
-                    st.duplicates += int(res.duplicate)
-                    if len(st.post_s) < 200_000:
-                        st.post_s.append(took)
-                elif res.outcome == "rejected":
-                    st.rejected += 1
-                    if not st.rejected_detail:
-                        st.rejected_detail = f"HTTP {res.status}: {res.detail}"
-                        log.error("server rejected a simulated batch of %s: %s", self.hosts[h],
-                                  st.rejected_detail)
+            if batch:
+                coalesce.send_splitting(batch, lambda part: self._post(h, part))
         except Exception:  # a bug here must not wedge the host's queue
-            log.exception("simulated agent %s: sending batch %d failed", self.hosts[h], n)
+            log.exception("simulated agent %s: sending batches %s failed", self.hosts[h],
+                          [s.item[0] for s in batch])
         finally:
             with self.lock:
                 self.outstanding[h] -= 1
-                self.oldest.pop((h, n), None)
+                for s in batch:
+                    self.oldest.pop((h, s.item[0]), None)
                 self._pump(h)
                 self.idle.notify_all()
+
+    def _post(self, h: int, batch: list[Sized[tuple[int, dict[str, pa.Table]]]]) -> tuple[bool, int]:
+        """POST these batches of host ``h`` as one request; (acknowledged?, status)."""
+        tables = coalesce.merge_tables([s.item[1] for s in batch])
+        num_rows = sum(s.num_rows for s in batch)
+        key = coalesce.coalesced_key([self.key(h, s.item[0]) for s in batch])
+        body = encode_body(tables, self.compression)
+        est = self.clock.estimate
+        t0 = time.perf_counter()
+        res = self.transport(h).post_batch(body, key, est.offset_ns, est.uncertainty_ns, self.stop_event)
+        took = time.perf_counter() - t0
+        with self.lock:
+            st = self.stats
+            if res.outcome == "ok":
+                st.batches += len(batch)
+                st.requests += 1
+                st.rows_acked += num_rows
+                st.bytes_sent += len(body)
+                st.duplicates += int(res.duplicate)
+                if len(st.post_s) < 200_000:
+                    st.post_s.append(took)
+            elif res.outcome == "rejected" and res.status == 413 and len(batch) > 1:
+                st.splits_413 += 1
+                log.info("server refused a coalesced request of %d batches as too large (%s); "
+                         "sending halves", len(batch), res.detail)
+            elif res.outcome == "rejected":
+                st.rejected += len(batch)
+                if not st.rejected_detail:
+                    st.rejected_detail = f"HTTP {res.status}: {res.detail}"
+                    log.error("server rejected a simulated batch of %s: %s", self.hosts[h],
+                              st.rejected_detail)
+        return res.outcome == "ok", res.status
 
     # ------------------------------------------------------------------ state
     def backlog(self) -> tuple[int, float]:

@@ -83,6 +83,9 @@ def register(subparsers: Any) -> None:
     s.add_argument("--compression", default="none", choices=["none", "lz4", "zstd"],
                    help="Arrow IPC compression (default none: 1,536 agents' zstd would "
                         "measure this machine's CPU, not the server)")
+    s.add_argument("--no-coalesce", dest="coalesce", action="store_false",
+                   help="one request per batch: do not merge a host's batches queued behind its "
+                        "busy requests into one (the behaviour before coalescing, for comparison)")
     s.add_argument("--fast", action="store_true",
                    help="do not wait for real time: the job is played as fast as it ships, with "
                         "time-stamps that end when the simulator started")
@@ -114,7 +117,7 @@ def build_config(args: argparse.Namespace) -> Any:
             batch_delay_s=agent_defaults["batch_delay_s"] if args.batch_delay is None else args.batch_delay,
             in_flight=agent_defaults["in_flight"] if args.in_flight is None else args.in_flight,
             senders=args.senders, compression=None if args.compression == "none" else args.compression,
-            fast=args.fast, drain_timeout_s=args.drain_timeout, progress=not args.quiet,
+            coalesce=args.coalesce, fast=args.fast, drain_timeout_s=args.drain_timeout, progress=not args.quiet,
         )
         from fleetscope.topology import Topology
 

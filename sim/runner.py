@@ -68,6 +68,9 @@ class SimConfig:
     under load and throughput is concurrency / latency)."""
     compression: str | None = None
     """Arrow IPC compression of the bodies: None, 'lz4' or 'zstd'."""
+    coalesce: bool = True
+    """A host's batches queued behind its busy sends leave as one bounded request (as the
+    agent's); False: one request per batch (``--no-coalesce``, the bench's baseline)."""
     fast: bool = False
     """Do not wait for real time (time-stamps end at the start time)."""
     drain_timeout_s: float = 60.0
@@ -184,6 +187,7 @@ class Progress:
 
 def run(cfg: SimConfig, stop: threading.Event | None = None) -> dict[str, Any]:
     """Run one simulated job to its end (or ``stop``); returns the summary."""
+    from fleetscope.agent.coalesce import NO_COALESCING, CoalesceLimits
     from fleetscope.sim.agents import SimAgents
 
     faults = cfg.check()
@@ -205,7 +209,8 @@ def run(cfg: SimConfig, stop: threading.Event | None = None) -> dict[str, Any]:
     truth = GroundTruth(cfg, plan, hosts, t0_ns)
     agents = SimAgents(cfg.server, hosts, run_id=f"{cfg.job}/{cfg.seed}/{wall0}", token=cfg.token,
                        in_flight=cfg.in_flight, senders=cfg.senders or min(256, max(16, len(hosts) // 2)),
-                       compression=cfg.compression)
+                       compression=cfg.compression,
+                       coalescing=CoalesceLimits() if cfg.coalesce else NO_COALESCING)
     peak = 989e12
     fleet.add_job_row(0.0, name=cfg.job, dp=topo.dp, tp=topo.tp, pp=topo.pp, order=topo.order,
                       num_microbatches=cfg.num_microbatches,
@@ -305,7 +310,8 @@ def run(cfg: SimConfig, stop: threading.Event | None = None) -> dict[str, Any]:
             "job": cfg.job, "world_size": topo.world_size, "num_hosts": len(hosts),
             "status": status, "steps_played": gen_step, "steps_completed": steps_done,
             "records_generated": fleet.records_out, "records_acked": st.rows_acked,
-            "batches_acked": st.batches, "bytes_sent": st.bytes_sent, "rejected_batches": st.rejected,
+            "batches_acked": st.batches, "requests_acked": st.requests,
+            "coalesce_splits_413": st.splits_413, "bytes_sent": st.bytes_sent, "rejected_batches": st.rejected,
             "rejected_detail": st.rejected_detail, "duplicates": st.duplicates,
             "throttled_429": agents.throttled, "retries": agents.retries, "drained": drained,
             "wall_s": wall_s, "generation_cpu_s": gen_s,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -40,6 +41,7 @@ class Ingest(ThreadingHTTPServer):
         self.release = threading.Event()
         self.wait_for_peers = 0  # >0: each request waits (<=1 s) until this many are active
         self.first_key: str | None = None
+        self.delay_s = 0.0  # each request takes at least this long (a slow server)
 
     @property
     def url(self) -> str:
@@ -74,6 +76,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if first and s.hold_first.is_set():
                 s.release.wait(30)
+            if s.delay_s:
+                time.sleep(s.delay_s)
             rows = [(r, st) for r, st in zip(*(codec.decode_batch(body)["steps"].column(c).to_pylist()
                                                 for c in ("rank", "step")))]
             with s.cond:
@@ -111,7 +115,7 @@ def write_spool(root: Path, ranks: int, frames: int, rows: int) -> list[tuple[in
     return expected
 
 
-def make_shipper(root: Path, url: str, in_flight: int, batch_bytes: int) -> Shipper:
+def make_shipper(root: Path, url: str, in_flight: int, batch_bytes: int, coalesce: bool = True) -> Shipper:
     offsets = OffsetStore(root / "state" / "offsets.json")
     ranks = RankRegistry("h")
     tailer = SpoolTailer(root / "spool", None, offsets, ranks)
@@ -119,7 +123,8 @@ def make_shipper(root: Path, url: str, in_flight: int, batch_bytes: int) -> Ship
     return Shipper(host="h", tailer=tailer, offsets=offsets, transport=transport,
                    clock=ClockSync(None, enabled=False), retention=Retention(offsets), ranks=ranks,
                    outbox=None, state_dir=root / "state", batch_bytes=batch_bytes,
-                   batch_delay_s=0.05, poll_s=0.02, compression="zstd", in_flight=in_flight)
+                   batch_delay_s=0.05, poll_s=0.02, compression="zstd", in_flight=in_flight,
+                   coalesce=coalesce)
 
 
 def run_until_idle(sh: Shipper, timeout_s: float = 60) -> None:
@@ -263,3 +268,49 @@ def test_batch_delay_counts_from_the_write(tmp_path):
     assert _first_request_after(tmp_path / "old", delay_s=3.0, age_s=60) < 2.0
     # Freshly written records still wait (most of) the delay, to coalesce with what follows.
     assert _first_request_after(tmp_path / "new", delay_s=3.0, age_s=0) >= 2.5
+
+
+def _ship_live_spool(root: Path, coalesce: bool) -> tuple[Ingest, list[tuple[int, int]]]:
+    """A rank appends one small frame every 10 ms for 1.5 s while a slow server (0.25 s
+    a request) takes the batches; returns the server and the rows written."""
+    d = spool.rank_dir(root / "spool", "j", 0)
+    d.mkdir(parents=True)
+    srv = Ingest()
+    srv.serve()
+    srv.delay_s = 0.25
+    expected: list[tuple[int, int]] = []
+    try:
+        sh = make_shipper(root, srv.url, in_flight=4, batch_bytes=1 << 20, coalesce=coalesce)
+        t = threading.Thread(target=sh.run, daemon=True)
+        t.start()
+        with open(d / spool.segment_name(0), "ab", buffering=0) as f:
+            for step in range(150):
+                tbl = codec.rows_to_table(record_type("steps"), [
+                    {"job": "j", "rank": 0, "step": step, "start_ns": step, "end_ns": step + 1,
+                     "duration_ns": 1}])
+                f.write(spool.encode_frame(codec.table_to_ipc(tbl, compression=None)))
+                expected.append((0, step))
+                time.sleep(0.01)
+        time.sleep(0.2)
+        sh.idle.clear()
+        assert sh.idle.wait(60), "shipper did not finish"
+        sh.stop()
+        t.join(30)
+        sh.transport.close()
+    finally:
+        srv.shutdown()
+    return srv, expected
+
+
+def test_a_slow_server_gets_fewer_larger_requests_and_every_row_once(tmp_path):
+    coalesced, expected = _ship_live_spool(tmp_path / "on", coalesce=True)
+    per_delay, expected_too = _ship_live_spool(tmp_path / "off", coalesce=False)
+    assert stored_rows(coalesced) == Counter(expected) == stored_rows(per_delay) == Counter(expected_too)
+    # one batch per 50 ms delay while 4 are in flight, or one per answer (~0.25 s)
+    assert len(coalesced.received) * 2 < len(per_delay.received), (len(coalesced.received),
+                                                                   len(per_delay.received))
+    assert coalesced.max_active == 1 and per_delay.max_active > 1  # small batches wait their turn
+    assert_everything_acked(tmp_path / "on")
+    # rows of one file stay in order across the requests
+    order = [row for key in coalesced.received for row in coalesced.stored[key]]
+    assert order == sorted(order)
