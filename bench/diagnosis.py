@@ -626,12 +626,14 @@ def detector_timing(world: int = 12_288, steps: int = 32, repeat: int = 3) -> in
     per-rank-per-step frame of ``world`` ranks (tp4 x pp2 x dp) and ``steps`` steps (the detector
     judges the latest 24): compute
     with lognormal noise 0.1 (0.3 on one host's 8 ranks), every rank 2x slow for the middle
-    third, a 1.2x compute straggler on rank 1001 from step ``steps // 4``. Exit 1 when the
-    straggler is not the only finding."""
+    third, a 1.2x compute straggler on rank 1001 from step ``steps // 4``. Then the diagnosis
+    loop's way: the CUSUM carried from pass to pass (:class:`StragglerState`), each pass one
+    step newer (first pass: the window's steps folded; later ones: one). Exit 1 when the
+    straggler is not the only finding of either."""
     import numpy as np
     import pandas as pd
     from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
-    from fleetscope.server.diagnosis.stragglers import detect_stragglers
+    from fleetscope.server.diagnosis.stragglers import StragglerState, detect_stragglers
 
     from fleetscope.topology import Topology
 
@@ -663,7 +665,23 @@ def detector_timing(world: int = 12_288, steps: int = 32, repeat: int = 3) -> in
     print(f"{world} ranks x {steps} steps: detect_stragglers min {times[0]:.2f} s, median {times[len(times) // 2]:.2f} s "
           f"over {len(times)} passes; findings {[(f.kind.value, f.ranks, f.factor) for f in found]}; "
           f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    return 0 if [f.ranks for f in found] == [(1001 % world,)] else 1
+    # the diagnosis loop's passes: the CUSUM carried from pass to pass, one new step each
+    state = StragglerState()
+    ends = list(range(steps - 1 - max(repeat, 1), steps))
+    frames = {e: bd[bd["step"] <= e] for e in ends}
+    carried, folded, cfound = [], [], []
+    for e in ends:
+        t = time.perf_counter()
+        cfound = detect_stragglers("timing", topo, frames[e], pd.DataFrame(), state=state)
+        carried.append(time.perf_counter() - t)
+        folded.append(state.folded_steps)
+    steady = sorted(carried[1:])
+    print(f"  carried CUSUM: first pass {carried[0]:.2f} s ({folded[0]} steps folded), then median "
+          f"{steady[len(steady) // 2]:.2f} s per pass ({sorted(set(folded[1:]))} new steps folded each); "
+          f"state {state.nbytes / 1e6:.2f} MB; findings {[(f.kind.value, f.ranks, f.factor) for f in cfound]}; "
+          f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    ok = [f.ranks for f in found] == [(1001 % world,)] and [f.ranks for f in cfound] == [(1001 % world,)]
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
