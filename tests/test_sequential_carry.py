@@ -172,3 +172,62 @@ def test_carried_cusum_obeys_villes_bound_at_12288_ranks():
         last = end - 1
         assert not res.hit.any(), end
         assert (res.stat >= np.log(100)).mean() <= 0.01, end
+
+
+def test_the_diagnosis_loop_carries_each_jobs_state_and_drops_it_when_the_job_ends(tmp_path):
+    # the real loop over a real chdb store and SQLite DB (no processes): two passes of one
+    # job share one state, the second folds only the steps the first had not; the job's
+    # end drops it
+    import time
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+    from fleetscope.server.alerts.outbox import OutboxSink
+    from fleetscope.server.db import open_db
+    from fleetscope.server.db.models import Job
+    from fleetscope.server.diagnosis.loop import DiagnosisLoop
+    from fleetscope.server.settings import Settings
+    from fleetscope.server.store import Store
+    from sqlalchemy import update
+
+    from tests.helpers.synthetic import SynthJob
+
+    store = Store.open(f"chdb://{tmp_path / 'store'}", ttl_days=0)
+    db = open_db(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        job = SynthJob(job="carry", num_steps=40, noise=0.05, t0_ns=time.time_ns() - 60 * 10**9,
+                       compute_factor=lambda r, s: 1.5 if r == 6 and s >= 10 else 1.0)
+        frames = job.build()
+
+        def write(lo: int, hi: int) -> None:
+            for table in ("sections", "collectives", "steps"):
+                df = frames[table]
+                store.insert_arrow(table, pa.Table.from_pandas(df[df.step.between(lo, hi)], preserve_index=False))
+
+        with db() as s:
+            s.add(Job(id="carry", dp=2, tp=2, pp=2, num_microbatches=job.num_mb, status="running",
+                      start_ns=job.t0_ns, updated_ns=time.time_ns()))
+            s.commit()
+        settings = Settings(store_url=f"chdb://{tmp_path / 'store'}", db_url=f"sqlite:///{tmp_path / 'db.sqlite'}")
+        app = SimpleNamespace(state=SimpleNamespace(settings=settings, db=db, store=store, collector=None,
+                                                    alert_dispatcher=None))
+        loop = DiagnosisLoop(app, OutboxSink())
+        with db() as s:
+            row = s.get(Job, "carry")
+        write(0, 20)
+        loop.run_job(row)
+        state = loop.sequential["carry"]
+        # steps 0-19 judged (20 may still be arriving), 19 still growing on some rank: 0-18
+        assert (state.last_step, state.folded_steps) == (18, 19)
+        write(21, 39)
+        loop.run_job(row)
+        assert loop.sequential["carry"] is state and (state.last_step, state.folded_steps) == (37, 19)
+        slow = [f for f in loop.latest["carry"].findings if f.ranks == (6,)]
+        assert slow and slow[0].evidence["sequential"]["carried"]
+        with db() as s:
+            s.execute(update(Job).where(Job.id == "carry").values(status="finished", updated_ns=time.time_ns()))
+            s.commit()
+        loop.tick()
+        assert "carry" not in loop.sequential
+    finally:
+        store.close()
