@@ -26,9 +26,12 @@ CUSUM; vectorised as the cumulative sum minus its running minimum). A rank is fl
 W reaches ``h_r = max(ln(N x C / alpha), min_steps x theta_r x (b_r - kappa))``:
 
 * under no slowdown E[exp(theta_r y)] <= 1 for ``theta_r = lambda x 2 kappa / s_r^2``
-  (the Gaussian root at the rank's own scale) where ``lambda`` <= 1 is the root of the
-  pooled empirical moment mean(exp(lambda theta_r y)) = 1 over every rank-step of the
-  window (heavy or skewed tails give lambda < 1, so smaller weights); then each
+  (the Gaussian root at the rank's own scale) where ``lambda`` (<= ``root_cap``, 4) is
+  the root of the pooled empirical moment over every rank-step of the window, taken at
+  its upper confidence bound: mean(exp(lambda theta_r y)) + 2 standard errors = 1 (heavy
+  tails give lambda < 1, so smaller weights; spiky noise, whose robust scale is read
+  from its upper tail and overstates what the clipped increments carry, lambda > 1; a
+  small pool, a wide bound, a smaller lambda). Then each
   increment z = theta y has E[exp(z)] <= 1, and W_t is the largest sum of the latest
   increments (any start): read backwards from t those sums are a walk whose exponential
   is a supermartingale, so by Ville's inequality P(W_t >= h) <= exp(-h) at each step.
@@ -89,6 +92,12 @@ class CusumConfig:
     """P(a false finding at a given step of such a job), all ranks and components together."""
     min_steps: int = 3
     """Judge no rank on fewer steps, and never name one on fewer steps at the clip."""
+    root_cap: float = 4.0
+    """The pooled empirical root may raise the Gaussian root at the robust scale up to this
+    factor (spiky noise: the robust scale, read from the upper tail, overstates the noise
+    the clipped increments carry)."""
+    root_z: float = 2.0
+    """The root is that of the moment's upper confidence bound at this many standard errors."""
     cap: float = 2.0
     """A carried statistic is capped at this many thresholds (a finding clears within
     about as many steps after the slowdown ends as it took to raise)."""
@@ -120,18 +129,24 @@ class CusumResult:
         return self.stat / np.maximum(self.threshold, 1e-12)
 
 
-def empirical_root(y: np.ndarray, upper: float) -> float:
+def empirical_root(y: np.ndarray, upper: float, z_conf: float = 0.0) -> float:
     """The positive root theta of mean(exp(theta y)) = 1 (y: pooled increments, negative
     mean), searched in (0, ``upper``]; ``upper`` when the moment stays below 1 there,
-    0 when the increments' mean is not negative (no test is possible)."""
+    0 when the increments' mean is not negative (no test is possible).
+
+    With ``z_conf`` > 0 the moment is its upper confidence bound, mean + z_conf x its
+    standard error (sd(exp(theta y)) / sqrt(n)): a root a small pool cannot overstate
+    (0 when even that bound never falls below 1)."""
     y = y[np.isfinite(y)]
     if y.size == 0 or y.mean() >= 0:
         return 0.0
+    se = z_conf / math.sqrt(y.size)
 
-    def g(t: float) -> float:  # log mean exp(t y), without overflow
+    def g(t: float) -> float:  # log of the (bounded) mean of exp(t y), without overflow
         z = t * y
         top = float(z.max())
-        return top + math.log(float(np.mean(np.exp(z - top))))
+        e = np.exp(z - top)
+        return top + math.log(float(np.mean(e)) + (se * float(np.std(e)) if se else 0.0))
 
     if g(upper) <= 0:
         return upper
@@ -190,7 +205,8 @@ def _params(x: np.ndarray, pooled_sigma: float, num_components: int, num_ranks: 
     y = clipped - centre - config.kappa
     gauss = 2 * config.kappa / s ** 2
     # the pooled moment, each rank at its own Gaussian root: mean(exp(lam theta_r y)) = 1
-    lam = empirical_root((gauss[:, None] * y).ravel(), 1.0)
+    # (its upper confidence bound, so a small pool cannot overstate lam)
+    lam = empirical_root((gauss[:, None] * y).ravel(), config.root_cap, config.root_z)
     theta = lam * gauss
     log_tests = math.log(max(num_ranks, config.fleet_ranks) * max(num_components, 1) / config.alpha)
     # and never fewer than ``min_steps`` steps at the clip: one or two long steps name nobody
