@@ -231,3 +231,13 @@ def test_the_diagnosis_loop_carries_each_jobs_state_and_drops_it_when_the_job_en
         assert "carry" not in loop.sequential
     finally:
         store.close()
+
+
+@pytest.mark.xfail(strict=True, reason="the window scans (median, exceedance, slowest-of-stage) test every "
+                   "pass afresh at a per-pass level; over many passes of a noisy job they name healthy "
+                   "ranks (the CUSUM does not): 15 findings in 6 clean 128-rank runs x 72 passes")
+def test_clean_noisy_runs_over_many_passes_give_no_finding_at_all():
+    bd = _frame(300, 0.3, 1)
+    state = StragglerState()
+    for end, findings in _passes(bd, 300, state):
+        assert findings == [], (end, [(f.kind.value, f.ranks) for f in findings])
