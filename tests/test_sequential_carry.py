@@ -153,6 +153,27 @@ def test_a_new_attempt_or_new_stage_membership_starts_afresh():
     assert state.resets == 2 and state.streams["compute_ns"].evidence.shape == (TOPO.world_size - 1,)
 
 
+def test_a_carried_finding_clears_once_the_slowdown_ends():
+    # W is capped at 2 thresholds: after the slowdown it falls below the threshold within
+    # about as many steps as it took to reach it (measured: named after 51 steps, cleared 28
+    # steps after the end), not after as many steps as the slowdown lasted
+    bd = _frame(300, 0.3, 0)
+    m = (bd["rank"] == 77) & bd.step.between(ONSET, 139)
+    extra = bd.loc[m, "compute_ns"] * 0.3
+    bd.loc[m, "compute_ns"] += extra
+    bd.loc[m, "busy_ns"] += extra
+    named_at = cleared_at = None
+    for end, findings in _passes(bd, 300, StragglerState()):
+        named = 77 in _sequential(findings)
+        if named and named_at is None:
+            named_at = end
+        if named_at is not None and end > 140 and not named:
+            cleared_at = end
+            break
+    assert named_at is not None and cleared_at is not None
+    assert cleared_at - 140 <= 1.5 * (named_at - ONSET) + EVERY, (named_at, cleared_at)
+
+
 def test_carried_cusum_obeys_villes_bound_at_12288_ranks():
     # the statistic in log-likelihood units: under no slowdown P(W >= t) <= exp(-t) at each
     # step, whether folded in one go or pass by pass
