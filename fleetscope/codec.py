@@ -274,7 +274,7 @@ def _longest_value(col: pa.ChunkedArray) -> int:
             longest = max(longest, int(pc.max(pc.binary_length(chunk)).as_py() or 0))
             continue
         size = np.dtype(dtype).itemsize
-        offsets = np.frombuffer(chunk.buffers()[1], dtype=dtype, count=n + 1, offset=chunk.offset * size)
+        offsets: np.ndarray = np.frombuffer(chunk.buffers()[1], dtype=dtype, count=n + 1, offset=chunk.offset * size)
         longest = max(longest, int(np.diff(offsets).max()))
     return longest
 
