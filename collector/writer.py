@@ -362,9 +362,20 @@ class IngestWriter:
                     p.future.set_result(r)
 
     async def _linger(self) -> None:
-        """Wait up to ``linger_s`` while the queue holds fewer than ``min_insert_rows``."""
+        """Wait while the queue holds fewer than ``min_insert_rows``, until its oldest
+        batch has waited ``linger_s``.
+
+        The deadline counts from the oldest batch's arrival, not from the end of the
+        previous write: a batch that queued up during a write has already lingered,
+        so a busy writer goes on at once (groups of about one write time's arrivals,
+        latency at most ``linger_s`` plus one write), while an idle one gathers up to
+        ``linger_s`` of arrivals into one insert (chDB's cost per insert group is
+        fixed: fewer, larger groups).
+        """
         assert self._wakeup is not None
-        deadline = time.monotonic() + self.linger_s
+        if not self._queue:
+            return
+        deadline = self._queue[0].accepted_s + self.linger_s
         while not self._closing and self._queued_rows < self.min_insert_rows:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
@@ -249,11 +250,33 @@ def _check_strings(rt: RecordType, c: Any, col: pa.ChunkedArray, lim: Limits) ->
         cap, what = lim.max_string_bytes, "max_string_bytes"
     if len(col) == 0:
         return
-    lengths = pc.binary_length(col)
-    longest = pc.max(lengths).as_py() or 0
+    longest = _longest_value(col)
     if longest > cap:
+        lengths = pc.binary_length(col)
         i = int(pc.index(pc.greater(lengths, cap), True).as_py())
         raise BatchError(f"{rt.name}[{i}].{c.name}: {longest} bytes, more than {what}={cap}")
+
+
+def _longest_value(col: pa.ChunkedArray) -> int:
+    """Bytes of the longest value of a (null-free) string column, read from the chunks'
+    offsets with numpy: one call per chunk instead of two Arrow compute calls (their
+    per-call overhead dominates at a request's few thousand rows)."""
+    longest = 0
+    for chunk in col.chunks:
+        n = len(chunk)
+        if n == 0:
+            continue
+        if pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type):
+            dtype: type = np.int64
+        elif pa.types.is_string(chunk.type) or pa.types.is_binary(chunk.type):
+            dtype = np.int32
+        else:  # pragma: no cover - conform casts strings to a string type first
+            longest = max(longest, int(pc.max(pc.binary_length(chunk)).as_py() or 0))
+            continue
+        size = np.dtype(dtype).itemsize
+        offsets: np.ndarray = np.frombuffer(chunk.buffers()[1], dtype=dtype, count=n + 1, offset=chunk.offset * size)
+        longest = max(longest, int(np.diff(offsets).max()))
+    return longest
 
 
 def _finite_or_nan(col: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -261,9 +284,10 @@ def _finite_or_nan(col: pa.ChunkedArray) -> pa.ChunkedArray:
     is exactly the telemetry an operator needs, and rejecting it would drop the batch's
     other rows with it. NaN is what every view already treats as missing, and JSON
     answers (which cannot carry inf) stay valid."""
-    bad = pc.is_inf(col)
-    if not pc.any(bad).as_py():
+    # null-free float64 chunks: zero-copy numpy views, one call each
+    if not any(np.isinf(c.to_numpy(zero_copy_only=False)).any() for c in col.chunks if len(c)):
         return col
+    bad = pc.is_inf(col)
     return pc.if_else(bad, pa.scalar(math.nan, pa.float64()), col)
 
 

@@ -83,3 +83,29 @@ def test_conform_casts_compatible_types_and_dictionary_strings():
     assert out.schema.equals(rt.arrow_schema(), check_metadata=False)
     assert out.column("value").to_pylist() == [3.0]
     assert out.column("rank").to_pylist() == [-1]
+
+
+def test_conform_limits_and_inf_see_every_chunk_and_slice():
+    """The string-length limit and the ±inf rewrite read sliced, multi-chunk columns
+    right (offsets of a slice start past 0; the offender may sit in any chunk)."""
+    rt = RECORD_TYPES["metrics"]
+    rows = [sample_row(rt, i) for i in range(6)]
+    base = codec.rows_to_table(rt, rows)
+    sym = next(c.name for c in rt.columns if c.type == ColType.SYMBOL)
+    flt = next(c.name for c in rt.columns if c.type == ColType.FLOAT64)
+    lim = codec.Limits(max_symbol_bytes=10)
+    long_sym = "x" * 11
+    vals = [f"s{i}" for i in range(6)]
+    vals[4] = long_sym
+    col = pa.chunked_array([pa.array(vals[:3]), pa.array(vals).slice(3, 3)])
+    bad = base.set_column(base.schema.get_field_index(sym), sym, col)
+    with pytest.raises(codec.BatchError, match=rf"metrics\[4\]\.{sym}: 11 bytes, more than max_symbol_bytes=10"):
+        codec.conform(rt, bad, lim)
+    # the same values minus the long one, sliced past it: accepted
+    ok = base.set_column(base.schema.get_field_index(sym), sym,
+                         pa.chunked_array([pa.array(vals[:3]), pa.array(vals).slice(5, 1), pa.array(vals[:2])]))
+    assert codec.conform(rt, ok, lim).num_rows == 6
+    f = pa.chunked_array([pa.array([1.0, 2.0, 3.0]), pa.array([0.0, 4.0, math.inf, -math.inf]).slice(1, 3)])
+    out = codec.conform(rt, base.set_column(base.schema.get_field_index(flt), flt, f))
+    got = out[flt].to_pylist()
+    assert got[:4] == [1.0, 2.0, 3.0, 4.0] and math.isnan(got[4]) and math.isnan(got[5])

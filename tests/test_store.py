@@ -115,6 +115,45 @@ def test_backpressure_when_queue_full(env):
     assert count(store, "metrics", "bp") == 800
 
 
+def test_linger_counts_from_the_oldest_batch_not_the_last_write(env):
+    """A batch that queued up during a (slow) write has lingered already: its group
+    starts when that write ends, not ``linger_s`` later (a busy writer must not idle
+    between groups). An idle writer still gathers for ``linger_s``."""
+    store, db = env
+    import time
+
+    async def main():
+        w = IngestWriter(store, db, linger_s=0.6, min_insert_rows=10**6)
+        starts: list[tuple[float, list[str]]] = []
+        orig = w._write_group
+
+        def slow_write(group):
+            starts.append((time.monotonic(), [p.client_key for p in group]))
+            time.sleep(1.0)  # a slow insert (in the writer's thread)
+            return orig(group)
+
+        w._write_group = slow_write  # type: ignore[method-assign]
+        await w.start()
+        try:
+            t = {"metrics": codec.rows_to_table(RECORD_TYPES["metrics"], sample_rows("metrics", 3, job="linger"))}
+            t0 = time.monotonic()
+            first = asyncio.create_task(w.submit("linger-1", t))
+            await asyncio.sleep(0.8)  # the first group is being written (0.6 .. 1.6 s)
+            t1 = time.monotonic()
+            second = asyncio.create_task(w.submit("linger-2", t))
+            await asyncio.gather(first, second)
+        finally:
+            await w.stop()
+        return t0, t1, starts
+
+    t0, t1, starts = asyncio.run(main())
+    assert [k for _, k in starts] == [["linger-1"], ["linger-2"]]
+    assert starts[0][0] - t0 >= 0.55  # idle: gathered for linger_s
+    # queued at 0.8 s, the write ends at ~1.6 s: the old rule lingered again until ~2.2 s
+    assert starts[1][0] - t1 < 1.15, f"second group started {starts[1][0] - t1:.2f} s after its batch"
+    assert count(store, "metrics", "linger") == 6
+
+
 def test_clock_offset_and_host_header(env):
     t = {
         "collectives": codec.rows_to_table(
