@@ -18,7 +18,7 @@ shared machine than wall-clock rates). Then the ratios coalesced / baseline. The
 diagnosis worker is off unless ``--with-diagnosis`` (it queries the embedded store
 through the server process, so its work would count as ingest CPU).
 
-Checks (exit 1 if one fails): every run stores exactly what it acknowledged when it
+Checks (exit 1 if one fails): every run has rows acknowledged, stores exactly what it acknowledged when it
 drained (the server's ``fleetscope_ingest_records_total`` equals the simulator's
 acknowledged rows: nothing acknowledged lost, nothing stored twice), and the coalesced
 run stores at least 0.9x the baseline's records/s.
@@ -101,6 +101,8 @@ def show(r: dict[str, Any]) -> None:
 
 def check(r: dict[str, Any]) -> list[str]:
     bad = []
+    if r["generated"] and not r["acked"]:  # a run that shipped nothing proves nothing
+        bad.append(f"{r['variant']} {r['world']}: generated {r['generated']} rows, none acknowledged")
     if r["rejected"]:
         bad.append(f"{r['variant']} {r['world']}: {r['rejected']} batches rejected")
     if r["stored"] < r["acked"]:
