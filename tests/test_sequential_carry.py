@@ -282,3 +282,17 @@ def test_carried_passes_still_name_a_large_straggler_in_few_steps(sigma, factor,
                 break
         else:
             raise AssertionError(f"{factor}x at s={sigma} not named within {within} steps (seed {seed})")
+
+
+def test_a_pass_with_no_new_completed_step_keeps_the_scans_verdict():
+    # a pass that judges no new step runs no scan; a finding the scans raised must not
+    # vanish on it (it would leave its secondary effects, e.g. an MFU drop, without a story)
+    bd = _frame(40, 0.3, 0, slow=(77, 3.0))
+    state = StragglerState()
+    for end in range(ONSET - 2, 40):
+        findings = detect_stragglers("t", TOPO, bd[bd.step <= end], pd.DataFrame(), state=state)
+        if findings:
+            break
+    assert [f.ranks for f in findings] == [(77,)]
+    again = detect_stragglers("t", TOPO, bd[bd.step <= end], pd.DataFrame(), state=state)
+    assert state.folded_steps == 0 and [f.ranks for f in again] == [(77,)]

@@ -86,6 +86,9 @@ class StragglerState:
     """Steps folded by the latest pass (its cost is ranks x this x streams)."""
     total_folded: int = 0
     resets: int = 0
+    scans: dict[str, tuple[np.ndarray, ...]] = field(default_factory=dict, repr=False)
+    """Per stream, the window scans' verdict at the newest judged step: a pass with no new
+    completed step runs no scan and keeps it (the step was judged once already)."""
 
     def bind(self, key: tuple, num_ranks: int) -> None:
         """Start afresh unless the statistics belong to ``key``."""
@@ -94,6 +97,7 @@ class StragglerState:
         self.resets += bool(self.key)
         self.key, self.last_step, self.total_folded = key, -1, 0
         self.streams = {c: CusumState.empty(num_ranks) for c in SEQUENTIAL_STREAMS}
+        self.scans = {}
 
     @property
     def nbytes(self) -> int:
@@ -313,19 +317,26 @@ def detect_stragglers(
     seq_cols = _fold_range(state, attempt, topo, ranks, steps, breakdown[breakdown["rank"].isin(ranks)])
     scans = _scan_plan(seq_cols, len(steps), topo.world_size, num_tests, config)
 
-    def scan(x: np.ndarray, pooled: float, row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The window scans on the steps this pass judges (none: nothing flagged)."""
+    def scan(c: str, x: np.ndarray, pooled: float, row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The window scans on the steps this pass judges; with none new, the verdict of
+        the pass that judged the newest (nothing flagged when there is none)."""
         end, levels, _ = scans
         if end == 0:
+            if state is not None and c in state.scans:
+                hit, sc, run = state.scans[c]
+                return hit.copy(), sc.copy(), run.copy()
             z = np.zeros(x.shape[0])
             return z.astype(bool), z, z.astype(np.int64)
         if end < x.shape[1]:
             pooled, row = _robust_sigma(x[:, :end]), _row_sigma(x[:, :end])
         if levels is not None:  # a rank's own noise: the upper bound of its estimate
             row = row * (1 + ROW_SIGMA_UCB_Z * ROW_SIGMA_REL_SE / math.sqrt(max(end - 1, 1)))
-        return _scan(x[:, :end], pooled, config, row, levels)
+        out = _scan(x[:, :end], pooled, config, row, levels)
+        if state is not None and levels is not None:
+            state.scans[c] = tuple(a.copy() for a in out)
+        return out
 
-    persistent, score_busy, run_busy = scan(lr, pooled, row)
+    persistent, score_busy, run_busy = scan("busy_ns", lr, pooled, row)
 
     def sequential(c: str, x: np.ndarray, pooled: float, row: np.ndarray) -> CusumResult:
         if seq_cols is None or state is None:
@@ -361,12 +372,17 @@ def detect_stragglers(
         lr_c = _log_ratio(comps[c], comp_refs[c])
         comp_lr[c] = lr_c
         pooled, row = _robust_sigma(lr_c), _row_sigma(lr_c)
-        hit, sc, run = scan(lr_c, pooled, row)
+        hit, sc, run = scan(c, lr_c, pooled, row)
         cus[c] = sequential(c, lr_c, pooled, row)
         hit, sc, run = _with_cusum(hit, sc, run, cus[c])
         end, _, top_alpha = scans
-        top = (_top_test(comps[c][:, :end], groups, config, top_alpha) if end
-               else np.zeros(len(ranks), dtype=bool))
+        if end:
+            top = _top_test(comps[c][:, :end], groups, config, top_alpha)
+            if state is not None and top_alpha is not None:
+                state.scans["top:" + c] = (top.copy(),)
+        else:
+            kept = state.scans.get("top:" + c) if state is not None else None
+            top = kept[0].copy() if kept else np.zeros(len(ranks), dtype=bool)
         run = np.where(hit, run, np.where(top, min(config.top_steps, len(steps)), k))
         ex_c = _tail_medians(comps[c] - comp_refs[c], run)
         material = np.maximum(config.min_effect * _tail_medians(ref, run), config.min_step_frac * step_ns)
