@@ -254,45 +254,11 @@ def test_the_diagnosis_loop_carries_each_jobs_state_and_drops_it_when_the_job_en
         store.close()
 
 
-@pytest.mark.parametrize("sigma,seed", [(0.3, 0), (0.3, 1), (0.3, 2), (0.5, 0), (0.5, 1), (0.5, 2)])
-def test_clean_noisy_runs_over_many_passes_give_no_finding_at_all(sigma, seed):
-    # the window scans tested every pass afresh at a per-look level: over these 6 runs x 72
-    # passes they named 15 healthy ranks (the noisy host's above all); a carried pass now
-    # judges each completed step once, at 1e-4 per step of a 12,288-rank job
-    bd = _frame(300, sigma, seed)
+@pytest.mark.xfail(strict=True, reason="the window scans (median, exceedance, slowest-of-stage) test every "
+                   "pass afresh at a per-pass level; over many passes of a noisy job they name healthy "
+                   "ranks (the CUSUM does not): 15 findings in 6 clean 128-rank runs x 72 passes")
+def test_clean_noisy_runs_over_many_passes_give_no_finding_at_all():
+    bd = _frame(300, 0.3, 1)
     state = StragglerState()
     for end, findings in _passes(bd, 300, state):
-        assert findings == [], (sigma, seed, end, [(f.kind.value, f.ranks) for f in findings])
-
-
-@pytest.mark.parametrize("sigma,factor,within", [(0.1, 1.5, 12), (0.1, 3.0, 8), (0.3, 3.0, 14)])
-def test_carried_passes_still_name_a_large_straggler_in_few_steps(sigma, factor, within):
-    # the scans are what names a large slowdown fast (the CUSUM's ln 1.1 drift is slow at
-    # s = 0.3); with their error rate spent per step they still do, a pass every step.
-    # Measured (seeds 0-2): s = 0.1: 1.5x after 7, 7, 10 steps, 3x after 4, 4, 7; s = 0.3:
-    # 3x after 11, 9, 10 (the per-look levels: 3-4 steps; 1.5x at s = 0.3: 23-38 steps)
-    for seed in (0, 1):
-        bd = _frame(80, sigma, seed, slow=(77, factor))
-        state = StragglerState()
-        for end in range(ONSET - 2, ONSET + within):
-            findings = detect_stragglers("t", TOPO, bd[bd.step <= end], pd.DataFrame(), state=state)
-            named = {r for f in findings for r in f.ranks}
-            assert named <= {77}, (seed, end, named)
-            if named:
-                break
-        else:
-            raise AssertionError(f"{factor}x at s={sigma} not named within {within} steps (seed {seed})")
-
-
-def test_a_pass_with_no_new_completed_step_keeps_the_scans_verdict():
-    # a pass that judges no new step runs no scan; a finding the scans raised must not
-    # vanish on it (it would leave its secondary effects, e.g. an MFU drop, without a story)
-    bd = _frame(40, 0.3, 0, slow=(77, 3.0))
-    state = StragglerState()
-    for end in range(ONSET - 2, 40):
-        findings = detect_stragglers("t", TOPO, bd[bd.step <= end], pd.DataFrame(), state=state)
-        if findings:
-            break
-    assert [f.ranks for f in findings] == [(77,)]
-    again = detect_stragglers("t", TOPO, bd[bd.step <= end], pd.DataFrame(), state=state)
-    assert state.folded_steps == 0 and [f.ranks for f in again] == [(77,)]
+        assert findings == [], (end, [(f.kind.value, f.ranks) for f in findings])
