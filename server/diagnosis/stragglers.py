@@ -25,7 +25,7 @@ Method (no per-scenario tuning; every threshold comes from the data's own noise)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -35,7 +35,7 @@ from fleetscope.topology import Topology
 from .breakdown import group_transfer
 from .findings import Finding, FindingKind, Severity
 from .robust import MAD_TO_SIGMA, MEDIAN_SE_FACTOR, diff_sigma, mad_sigma
-from .sequential import CusumConfig, CusumResult, CusumState, cusum
+from .sequential import CusumConfig, CusumResult, cusum
 from .whatif import StepProfile, rank_stages, whatif
 
 COMPONENT_KIND = {
@@ -56,47 +56,6 @@ COMPONENT_NAME = {
     "other_ns": "other timed host work",
 }
 """The operator's word for each component of own work (``Finding.component``)."""
-
-
-SEQUENTIAL_STREAMS = ("busy_ns", *MEASURED)
-"""The CUSUM's streams per rank: own work and each measured component."""
-
-
-@dataclass
-class StragglerState:
-    """The sequential test carried across passes of one job attempt (the diagnosis loop
-    keeps one per job, :class:`.loop.DiagnosisLoop`): per stream, the CUSUM statistic and
-    its change point of every rank - O(ranks x 5) numbers, whatever the history.
-
-    A pass folds only the steps it has not folded yet, and only *completed* ones: a step
-    every rank has moved past (each rank has a row for a later step), so no rank's row of
-    it can still grow. A step that completes after a later one was folded (it arrived late,
-    out of order) is never folded: no step counts twice, its evidence is lost. A new
-    attempt, or any change of the judged ranks or of their stages, starts afresh. Nothing
-    is persisted: after a restart the first pass folds the whole window again (the
-    stateless test's evidence)."""
-
-    key: tuple = field(default=(), repr=False)
-    """(attempt, ranks and their stages) the statistics belong to."""
-    last_step: int = -1
-    """Newest step folded."""
-    streams: dict[str, CusumState] = field(default_factory=dict, repr=False)
-    folded_steps: int = 0
-    """Steps folded by the latest pass (its cost is ranks x this x streams)."""
-    total_folded: int = 0
-    resets: int = 0
-
-    def bind(self, key: tuple, num_ranks: int) -> None:
-        """Start afresh unless the statistics belong to ``key``."""
-        if key == self.key and all(st.evidence.shape == (num_ranks,) for st in self.streams.values()):
-            return
-        self.resets += bool(self.key)
-        self.key, self.last_step, self.total_folded = key, -1, 0
-        self.streams = {c: CusumState.empty(num_ranks) for c in SEQUENTIAL_STREAMS}
-
-    @property
-    def nbytes(self) -> int:
-        return sum(st.evidence.nbytes + st.onset_step.nbytes for st in self.streams.values())
 
 
 @dataclass(frozen=True)
@@ -260,8 +219,6 @@ def detect_stragglers(
     profile: StepProfile | None = None,
     hosts: dict[int, str] | None = None,
     config: StragglerConfig = StragglerConfig(),
-    state: StragglerState | None = None,
-    attempt: int = 0,
 ) -> list[Finding]:
     """Persistent stragglers, GC-like pauses and slow links in the latest window.
 
@@ -273,9 +230,6 @@ def detect_stragglers(
         profile: what-if profile of the same window (for the estimated slowdown).
         hosts: rank -> host name, for the findings.
         config: thresholds.
-        state: the job's sequential test carried from its previous passes (updated in
-            place); without it the CUSUM starts afresh on the window.
-        attempt: the job attempt (a new one resets ``state``).
 
     Returns:
         Findings, strongest first.
@@ -301,18 +255,7 @@ def detect_stragglers(
     num_tests = 1 + len(MEASURED)  # own work and each measured component: C of the Bonferroni
     pooled, row = _robust_sigma(lr), _row_sigma(lr)
     persistent, score_busy, run_busy = _scan(lr, pooled, config, row)
-    seq_cols = _fold_range(state, attempt, topo, ranks, steps, breakdown[breakdown["rank"].isin(ranks)])
-
-    def sequential(c: str, x: np.ndarray, pooled: float, row: np.ndarray) -> CusumResult:
-        if seq_cols is None or state is None:
-            return cusum(x, pooled, num_tests, topo.world_size, config.cusum, row, steps=np.asarray(steps))
-        a, b = seq_cols
-        if b < x.shape[1]:  # the noise of the completed steps only
-            pooled, row = _robust_sigma(x[:, :b]), _row_sigma(x[:, :b])
-        return cusum(x, pooled, num_tests, topo.world_size, config.cusum, row, state=state.streams[c],
-                     new_from=a, new_to=b, steps=np.asarray(steps))
-
-    cus: dict[str, CusumResult] = {"busy_ns": sequential("busy_ns", lr, pooled, row)}
+    cus: dict[str, CusumResult] = {"busy_ns": cusum(lr, pooled, num_tests, topo.world_size, config.cusum, row)}
     persistent, score_busy, run_busy = _with_cusum(persistent, score_busy, run_busy, cus["busy_ns"])
     # per rank: its own noise (MAD about its median; sparse pauses barely move it) when
     # larger than the pool's, so a rank on a noisy host does not count its noise as pauses
@@ -338,7 +281,7 @@ def detect_stragglers(
         comp_lr[c] = lr_c
         pooled, row = _robust_sigma(lr_c), _row_sigma(lr_c)
         hit, sc, run = _scan(lr_c, pooled, config, row)
-        cus[c] = sequential(c, lr_c, pooled, row)
+        cus[c] = cusum(lr_c, pooled, num_tests, topo.world_size, config.cusum, row)
         hit, sc, run = _with_cusum(hit, sc, run, cus[c])
         top = _top_test(comps[c], groups, config)
         run = np.where(hit, run, np.where(top, min(config.top_steps, len(steps)), k))
@@ -346,11 +289,6 @@ def detect_stragglers(
         material = np.maximum(config.min_effect * _tail_medians(ref, run), config.min_step_frac * step_ns)
         comp_hit[c] = (hit | top) & (ex_c >= material)
         comp_score[c], comp_run[c] = sc, run
-    if seq_cols is not None and state is not None:
-        state.folded_steps = seq_cols[1] - seq_cols[0]
-        state.total_folded += state.folded_steps
-        if seq_cols[1] > 0:
-            state.last_step = max(state.last_step, int(steps[seq_cols[1] - 1]))
     suspects = [r for r in ranks if persistent[idx[r]] or any(comp_hit[c][idx[r]] for c in comp_hit)]
     evidence = _arrival_evidence(arrivals, steps[-k:])
     waiting = _waiting_peers(arrivals, steps[-k:])
@@ -374,11 +312,8 @@ def detect_stragglers(
                 "busy_ns" if lead is None else lead]
             if seq.hit[i]:
                 first = steps[int(seq.onset[i])]
-            # the magnitudes are measured over the steps since the onset (not before it, and
-            # within the window); a carried change point may predate the window
+            # the magnitudes are measured over the steps since the onset (not before it)
             n = max(len(steps) - steps.index(first), min(config.scan_min_steps, len(steps)))
-            if seq.hit[i] and seq.onset_step is not None and 0 <= seq.onset_step[i] < first:
-                first = int(seq.onset_step[i])
             ex = {c: float(np.median(comps[c][i, -n:] - comp_refs[c][i, -n:])) for c in COMPONENT_KIND}
             pick = ex if persistent[i] else {c: ex[c] for c in hits}
             comp = max(pick, key=lambda c: pick[c])
@@ -397,9 +332,7 @@ def detect_stragglers(
                         waiting_peers=waiting.get(r, []),
                         sequential={"statistic": round(float(seq.stat[i]), 3),
                                     "threshold": round(float(seq.threshold[i]), 3),
-                                    "change_step": _change_step(seq, i, steps), "flagged": bool(seq.hit[i]),
-                                    "carried": state is not None,
-                                    "folded_steps": state.total_folded if state is not None else len(steps)})
+                                    "change_step": steps[int(seq.onset[i])], "flagged": bool(seq.hit[i])})
             f = _finding(job, kind, [r], score, first, steps[-1], hosts, profile,
                          excess_ns / max(step_ns, 1.0), base, "", suspects=suspects)
             findings.append(replace(f, factor=round(factor, 3), component=COMPONENT_NAME[comp],
@@ -422,30 +355,6 @@ def detect_stragglers(
     flagged = {r for f in findings for r in f.ranks}
     findings += _slow_links(job, topo, arrivals, steps, flagged, step_ns, hosts, profile, config)
     return sorted(findings, key=lambda f: (-f.est_slowdown, -f.score))
-
-
-def _fold_range(state: StragglerState | None, attempt: int, topo: Topology, ranks: list[int],
-                steps: list[int], bd: pd.DataFrame) -> tuple[int, int] | None:
-    """Columns [a, b) of the window the carried CUSUM folds this pass: the completed steps
-    (every rank has a row for a later step) newer than the last one folded; binds
-    ``state`` to this attempt and these ranks and stages first (a change starts afresh)."""
-    if state is None:
-        return None
-    r = np.asarray(ranks, dtype=np.int64)
-    state.bind((attempt, topo.world_size, r.tobytes(), rank_stages(topo)[r].astype(np.int64).tobytes()), len(r))
-    newest = bd.groupby("rank")["step"].max()
-    done_upto = int(newest.min()) - 1 if len(newest) == len(ranks) else -1
-    col = np.asarray(steps, dtype=np.int64)
-    b = int(np.searchsorted(col, done_upto, side="right"))
-    a = min(int(np.searchsorted(col, state.last_step, side="right")), b)
-    return a, b
-
-
-def _change_step(seq: CusumResult, i: int, steps: list[int]) -> int:
-    """The step where rank ``i``'s current excursion began (it may predate the window)."""
-    if seq.onset_step is not None and seq.onset_step[i] >= 0:
-        return int(seq.onset_step[i])
-    return int(steps[int(seq.onset[i])])
 
 
 SCAN_LENGTHS = (3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
