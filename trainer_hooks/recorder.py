@@ -202,6 +202,8 @@ class Recorder:
         self.last_error = ""
         self._sink_open = False
         self.wakeups = 0
+        self.flushes = 0
+        """Flushes the background thread has finished (a benchmark waits on it)."""
         self.worker_cpu_ns = 0
         self._stopping = False
         self._wake = threading.Event()
@@ -248,6 +250,7 @@ class Recorder:
             "cuda_errors": self.cuda.errors if self.cuda is not None else 0,
             "cuda_disabled": bool(self.cuda is not None and self.cuda.disabled),
             "worker_cpu_ns": self.worker_cpu_ns, "worker_wakeups": self.wakeups,
+            "worker_flushes": self.flushes,
             "worker_alive": bool(self._thread and self._thread.is_alive()),
             "last_error": self.last_error,
         }
@@ -602,6 +605,12 @@ class Recorder:
             self._add("metrics", self._metric_row(ts, name, value))
 
     def _flush(self) -> None:
+        try:
+            self._flush_rows()
+        finally:
+            self.flushes += 1
+
+    def _flush_rows(self) -> None:
         self._open_sink()
         rows, self.rows = self.rows, {}
         if not rows:
