@@ -209,6 +209,26 @@ def _cells(topo: Topology) -> tuple[np.ndarray, list[list[str]], list[str]]:
     return grid, tp_ids, pp_ids
 
 
+@lru_cache(maxsize=16)
+def _link_stages(topo: Topology) -> dict[str, int]:
+    """The pipeline stage of every TP and DP group id of a topology (computed once per
+    topology). A TP group of the last stage carries the LM head's extra all-reduces and a
+    DP group carries its own stage's gradients, so only groups of one axis *and* one
+    stage are peers; PP groups (one per chain, spanning the stages) are not listed."""
+    grid, tp_ids, _ = _cells(topo)
+    out = {g: st for row in tp_ids for st, g in enumerate(row)}
+    for st in range(topo.pp):
+        for t in range(topo.tp):
+            out[topo.group_id("dp", int(grid[0, st, t]))] = st
+    return out
+
+
+def _link_peer_class(topo: Topology, group_id: str) -> tuple[str, int]:
+    """(axis, stage) of a group id; stage -1 for groups of no one stage (PP chains,
+    the world group, group ids the topology does not name)."""
+    return group_id.split(".")[0], _link_stages(topo).get(group_id, -1)
+
+
 def rank_stages(topo: Topology) -> np.ndarray:
     """``topo.stage(r)`` of every rank, as one array (vectorised :meth:`Topology.coords`)."""
     rest = np.arange(topo.world_size)
@@ -279,9 +299,15 @@ def _fix_ranks_vectorised(p: StepProfile, ranks: list[int], bad: set[int], out) 
 
 
 def fix_group(p: StepProfile, group_id: str) -> StepProfile:
-    """The profile with one group's link time set to the median of its axis' other groups."""
-    axis = group_id.split(".")[0]
-    others = [v for g, v in p.link_ns.items() if g.split(".")[0] == axis and g != group_id]
+    """The profile with one group's link time set to the median of its peer groups: the
+    other groups of its axis at its pipeline stage (:func:`_link_peer_class`), or of its
+    axis when it has none there."""
+    mine = _link_peer_class(p.topology, group_id)
+    others = [v for g, v in p.link_ns.items()
+              if g != group_id and _link_peer_class(p.topology, g) == mine]
+    if not others:
+        others = [v for g, v in p.link_ns.items()
+                  if g != group_id and g.split(".")[0] == mine[0]]
     if not others:
         return p
     links = dict(p.link_ns)
@@ -291,15 +317,18 @@ def fix_group(p: StepProfile, group_id: str) -> StepProfile:
 
 def typical(p: StepProfile, keep_ranks: Sequence[int] = (), keep_groups: Sequence[str] = ()) -> StepProfile:
     """The profile with every rank outside ``keep_ranks`` at the median of its stage's
-    ranks outside ``keep_ranks``, and every link outside ``keep_groups`` at its axis'
-    median: per-rank medians over a few steps still carry noise (one rank a little
-    slower by chance sets a pipeline cell's pace), which would otherwise hide or inflate
-    what the suspects alone cost."""
+    ranks outside ``keep_ranks``, and every link outside ``keep_groups`` at the median of
+    its peer groups (its axis at its stage, :func:`_link_peer_class`): per-rank medians
+    over a few steps still carry noise (one rank a little slower by chance sets a
+    pipeline cell's pace), which would otherwise hide or inflate what the suspects alone
+    cost."""
     keep = set(keep_ranks)
     fixed = fix_ranks(p, [r for r in p.topology.ranks() if r not in keep], exclude=keep)
     links = dict(fixed.link_ns)
-    for axis in {g.split(".")[0] for g in links}:
-        mine = [g for g in links if g.split(".")[0] == axis]
+    classes: dict[tuple[str, int], list[str]] = {}
+    for g in links:
+        classes.setdefault(_link_peer_class(p.topology, g), []).append(g)
+    for mine in classes.values():
         base = [links[g] for g in mine if g not in keep_groups] or [links[g] for g in mine]
         med = float(np.median(base))
         for g in mine:

@@ -16,7 +16,7 @@ router = APIRouter(tags=["diagnosis"])
 def whatif(
     request: Request, job: str, store: StoreDep, session: SessionDep,
     rank: Annotated[list[int], Query(description="rank(s) to set to their stage peers' median")] = [],  # noqa: B006
-    group: Annotated[str, Query(description="group id whose link time is set to its axis' median, e.g. tp.pp0.dp1")] = "",
+    group: Annotated[str, Query(description="group id whose link time is set to the median of its axis' groups at its stage, e.g. tp.pp0.dp1")] = "",
 ) -> dict:
     """Replays the job's latest window through the 1F1B schedule and TP/DP sync points."""
     row = get_job(session, job)
