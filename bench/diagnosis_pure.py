@@ -28,6 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import int_list  # noqa: E402 - a sibling, found through sys.path above
+
 
 def build_frames(n: int, steps: int):
     import pyarrow as pa
@@ -65,7 +67,7 @@ def build_frames(n: int, steps: int):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="512,2048,12288", help="world sizes (those of bench/diagnosis_scale.py)")
+    ap.add_argument("--sizes", type=int_list, default="512,2048,12288", help="world sizes (those of bench/diagnosis_scale.py)")
     ap.add_argument("--steps", type=int, default=26, help="steps generated (the window is 24)")
     ap.add_argument("--repeat", type=int, default=5, help="passes timed per size")
     ap.add_argument("--frames-dir", default=os.path.join(tempfile.gettempdir(), "fleetscope-pure-frames"),
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from diagnosis_scale import TOPOLOGIES
     from fleetscope.server.diagnosis.engine import diagnose, diagnose_hang
 
-    sizes = [int(x) for x in args.sizes.split(",")]
+    sizes = args.sizes
     bad = [n for n in sizes if n not in TOPOLOGIES]
     if bad:
         ap.error(f"--sizes {bad}: expected some of {sorted(TOPOLOGIES)}")

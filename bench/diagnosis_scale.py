@@ -42,6 +42,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import int_list  # noqa: E402 - a sibling (this script's folder is on sys.path)
+
 TOPOLOGIES = {8: (2, 2, 2), 64: (4, 4, 4), 512: (8, 8, 8), 2048: (32, 8, 8), 4096: (64, 8, 8), 12288: (192, 8, 8)}
 REPLICATED = {4096: 2, 12288: 6}
 """Sizes built from the 2,048-rank job (32x8x8) replicated along DP (the synthetic
@@ -92,7 +94,7 @@ def best(fn, repeat: int):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="8,64,512,2048,12288", help=f"world sizes (of {sorted(TOPOLOGIES)})")
+    ap.add_argument("--sizes", type=int_list, default="8,64,512,2048,12288", help=f"world sizes (of {sorted(TOPOLOGIES)})")
     ap.add_argument("--steps", type=int, default=26, help="steps generated (the window is 24)")
     ap.add_argument("--repeat", type=int, default=3, help="best of this many passes")
     ap.add_argument("--skip-before", action="store_true", help="only the new path (the old one needs the "
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="write the table as JSON")
     args = ap.parse_args(argv)
 
-    sizes = [int(x) for x in args.sizes.split(",")]
+    sizes = args.sizes
     bad = [n for n in sizes if n not in TOPOLOGIES]
     if bad:
         ap.error(f"--sizes {bad}: expected some of {sorted(TOPOLOGIES)}")

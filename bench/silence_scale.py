@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+from _cli import int_list
 from fleetscope.server.diagnosis.health import (
     detect_heartbeat_loss,
     detect_silence,
@@ -67,12 +68,9 @@ def measure(h: int, rng: np.random.Generator) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hosts", default="8,64,256,1536", help="host counts, 8 ranks each (default 8,64,256,1536)")
+    ap.add_argument("--hosts", type=int_list, default="8,64,256,1536", help="host counts, 8 ranks each (default 8,64,256,1536)")
     a = ap.parse_args(argv)
-    try:
-        sizes = [int(x) for x in a.hosts.split(",") if x]
-    except ValueError:
-        ap.error(f"--hosts {a.hosts!r}: expected comma-separated integers")
+    sizes = a.hosts
     print(f"load average {os.getloadavg()}")
     rng = np.random.default_rng(0)
     ok = [measure(h, rng) for h in sizes]

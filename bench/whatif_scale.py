@@ -20,6 +20,7 @@ import time
 from dataclasses import replace
 
 import numpy as np
+from _cli import int_list
 from fleetscope.server.diagnosis.whatif import NOISE_DRAWS, StepProfile, whatif
 
 from fleetscope.topology import Topology
@@ -59,12 +60,9 @@ def measure(world: int, num_mb: int = 8) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="512,2048,12288", help="world sizes, multiples of 64 (default 512,2048,12288)")
+    ap.add_argument("--sizes", type=int_list, default="512,2048,12288", help="world sizes, multiples of 64 (default 512,2048,12288)")
     a = ap.parse_args(argv)
-    try:
-        sizes = [int(x) for x in a.sizes.split(",") if x]
-    except ValueError:
-        ap.error(f"--sizes {a.sizes!r}: expected comma-separated integers")
+    sizes = a.sizes
     bad = [s for s in sizes if s < 64 or s % 64]
     if bad:
         ap.error(f"--sizes: {bad} are not multiples of 64 (TP 8 x PP 8)")
