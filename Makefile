@@ -47,10 +47,16 @@ test: venv browser-deps prometheus-deps
 
 # Unit tests only: no subprocess, no server, no browser (tests/conftest.py marks the rest
 # `integration` automatically). Under a minute; run it while you work, `make test` before
-# you push.
+# you push. FAST_WORKERS pytest-xdist workers, one test file each at a time (0: in this
+# process). By default two when the machine is idle (1-minute load < 1), else 0: on busy
+# cores the workers' second collection costs more than the parallelism saves (at load 4-9,
+# 120-146 s with two workers against 106-117 s in one process). Bytecode is written even
+# where PYTHONDONTWRITEBYTECODE is set, so pytest keeps its rewritten test modules and a
+# re-run skips rewriting them (collection 16 s -> 8.6 s).
+FAST_WORKERS ?= $(or $(shell $(PYTHON) -c 'import os; print(2 if os.getloadavg()[0] < 1 and (os.cpu_count() or 1) >= 2 else 0)' 2>/dev/null),0)
 .PHONY: test-fast
 test-fast: venv
-	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -m "not integration" -n $(FAST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

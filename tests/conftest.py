@@ -90,18 +90,30 @@ def _reaches_spawn(obj: Any, seen: set[int], depth: int = 0) -> bool:
     return False
 
 
+_SPAWNS: dict[int, tuple[Any, bool]] = {}
+"""Whether a test function or fixture function reaches a spawning API, by ``id`` (the
+object is kept too, so its id is never reused): the parametrised cases of one test and
+the tests sharing a fixture ask about the same function many times."""
+
+
+def _spawns(func: Any) -> bool:
+    hit = _SPAWNS.get(id(func))
+    if hit is None or hit[0] is not func:
+        hit = _SPAWNS[id(func)] = (func, _reaches_spawn(func, set()))
+    return hit[1]
+
+
 def _is_integration(item: pytest.Item) -> bool:
     path = Path(str(item.fspath)).resolve()
     if TESTS / "browser" in path.parents:
         return True
-    seen: set[int] = set()
     func = getattr(item, "function", None)
-    if func is not None and _reaches_spawn(func, seen):
+    if func is not None and _spawns(func):
         return True
     info = getattr(item, "_fixtureinfo", None)
     for name in getattr(item, "fixturenames", ()):
         for fixturedef in (info.name2fixturedefs.get(name, ()) if info else ()):
-            if _reaches_spawn(fixturedef.func, seen):
+            if _spawns(fixturedef.func):
                 return True
     return False
 

@@ -58,14 +58,49 @@ def new_driver(width: int = WINDOW[0], height: int = WINDOW[1]):
     return d
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    d = new_driver()
+def _quit(d) -> None:
     try:
-        yield d
-    finally:
         d.quit()
+    finally:
         shutil.rmtree(getattr(d, "_fleetscope_profile", ""), ignore_errors=True)
+
+
+def _alive(d) -> bool:
+    try:
+        d.current_url  # noqa: B018 (a round trip to the browser)
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def _chromium() -> Iterator[list]:
+    """One Chromium for the whole session (a start and quit cost about 2 s each); the
+    list holds the live driver so a module can replace one that died."""
+    holder: list = []
+    try:
+        yield holder
+    finally:
+        for d in holder:
+            _quit(d)
+
+
+@pytest.fixture(scope="module")
+def browser(_chromium: list) -> Iterator:
+    """The session's Chromium, reset for this module as if new: no cookies (they ignore
+    the port, so one module's sign-in would reach the next module's server), no cache,
+    the default window, a blank page. Storage is per origin and every module's server
+    has its own port, so no origin is shared."""
+    if _chromium and not _alive(_chromium[0]):
+        _quit(_chromium.pop())
+    if not _chromium:
+        _chromium.append(new_driver())
+    d = _chromium[0]
+    d.execute_cdp_cmd("Network.clearBrowserCookies", {})
+    d.execute_cdp_cmd("Network.clearBrowserCache", {})
+    d.set_window_size(*WINDOW)
+    d.get("about:blank")
+    yield d
 
 
 def screenshot(driver, name: str) -> Path:
