@@ -261,6 +261,9 @@ class StepData:
     group_step: pd.DataFrame
     gap_s: float | None
     mismatch: pd.DataFrame
+    mb: dict[str, np.ndarray] | None = None
+    """``fwd``/``bwd`` -> the step's (world_size, num_mb) own-work matrix, made once when
+    the step is reduced (None: made by :func:`assemble` on every pass, the old way)."""
 
 
 @dataclass
@@ -412,8 +415,34 @@ def _mb_matrix(rows: pd.DataFrame, col: str, world: int, num_mb: int) -> np.ndar
     return m
 
 
-def assemble(cache: JobCache, world: int, from_step: int, last_step: int) -> Reduced:
-    """The window ``from_step .. last_step + 1`` from the cache as detector inputs."""
+def _mb_matrix_np(rows: pd.DataFrame, col: str, world: int, num_mb: int) -> np.ndarray:
+    """:func:`_mb_matrix` with numpy: one flatten of the array columns, one scatter."""
+    m = np.full((world, num_mb), np.nan)
+    if rows.empty:
+        return m
+    ks = rows[f"{col}_k"].to_numpy(dtype=object)
+    vs = rows[f"{col}_v"].to_numpy(dtype=object)
+    ranks = rows["rank"].to_numpy().astype(np.int64)
+    n = np.fromiter((0 if k is None else len(k) for k in ks), dtype=np.int64, count=len(ks))
+    ok = (ranks >= 0) & (ranks < world) & (n > 0)
+    if not ok.any():
+        return m
+    kk = np.concatenate([np.asarray(k, dtype=np.float64) for k, o in zip(ks, ok) if o]).astype(np.int64)
+    vv = np.concatenate([np.asarray(v, dtype=np.float64) for v, o in zip(vs, ok) if o])
+    rr = np.repeat(ranks[ok], n[ok])
+    keep = (kk >= 0) & (kk < num_mb)
+    m[rr[keep], kk[keep]] = vv[keep]  # one row per rank and step: no index repeats
+    return m
+
+
+def step_matrices(rank_step: pd.DataFrame, world: int, num_mb: int) -> dict[str, np.ndarray]:
+    """One step's forward/backward own-work matrices (what :func:`assemble` hands on)."""
+    return {c: _mb_matrix_np(rank_step, c, world, num_mb) for c in ("fwd", "bwd")}
+
+
+def assemble(cache: JobCache, world: int, from_step: int, last_step: int, fast: bool = True) -> Reduced:
+    """The window ``from_step .. last_step + 1`` from the cache as detector inputs (``fast``
+    False: the per-step matrices are rebuilt in Python on every call, the old way)."""
     steps = [s for s in sorted(cache.steps) if from_step <= s <= last_step + 1]
     rs = [cache.steps[s].rank_step for s in steps if not cache.steps[s].rank_step.empty]
     gs = [cache.steps[s].group_step for s in steps if not cache.steps[s].group_step.empty]
@@ -431,8 +460,14 @@ def assemble(cache: JobCache, world: int, from_step: int, last_step: int) -> Red
         mismatch_rows=pd.concat(mm, ignore_index=True) if mm else pd.DataFrame(),
     )
     for s in steps:
-        r = cache.steps[s].rank_step
+        d = cache.steps[s]
+        r = d.rank_step
         if r.empty:
+            continue
+        if fast:  # made once per step and kept (a step's rows change only when it is reduced again)
+            if d.mb is None or d.mb["fwd"].shape != (world, cache.num_mb):
+                d.mb = step_matrices(r, world, cache.num_mb)
+            out.fwd[s], out.bwd[s] = d.mb["fwd"], d.mb["bwd"]
             continue
         out.fwd[s] = _mb_matrix(r, "fwd", world, cache.num_mb)
         out.bwd[s] = _mb_matrix(r, "bwd", world, cache.num_mb)
