@@ -358,7 +358,7 @@ def load_reduced_frames(
     _caught_up(frames.heartbeats, steps)
     if last_step >= 0:
         jc = cache.get(job, att, max(int(num_microbatches), 1))
-        rollups.refresh(store, jc, job, from_step, last_step, first_step, gaps_only=hang_only)
+        rollups.refresh(store, jc, job, from_step, last_step, first_step, gaps_only=hang_only, fast=fast)
         red = rollups.assemble(jc, world_size, from_step, last_step, fast=fast_enabled())
         if rec is not None:
             red.quiet_since_ns = rec[2]
