@@ -4,8 +4,8 @@ Builds (or reuses, ``--store-dir``) an embedded chDB store holding a simulated
 DP x PP 8 x TP 8 job (default 12,288 ranks on 1,536 hosts): the fleet simulator's step
 model and row builder (``fleetscope.sim``, the rows ``fleetscope simulate`` ships), every
 record type, written step by step. Then, for each of ``--passes`` new steps: the step's
-rows are inserted and one full pass runs with the pass's optimisations off (``old``:
-``FLEETSCOPE``'s previous loader, each with its own step cache) and one with them on
+rows are inserted and one full pass runs with the cost cuts off (``old``:
+``loader.fast_pass(False)``, the previous pass) and one with them on
 (``new``), on the same store state, in alternating order. A pass is what
 ``loop.diagnose_job`` does: the loader's store reads (reductions computed by ClickHouse)
 and ``engine.diagnose``. Prints per pass the seconds per phase (each store query, the
@@ -147,6 +147,20 @@ def one_pass(store: TimedStore, info: Any, now: int, cache: Any, config: Any, fa
     return result, phases
 
 
+def hang_pass(store: TimedStore, info: Any, now: int, cache: Any, config: Any, fast: bool) -> tuple[Any, float]:
+    """The loop's hang-only pass (``run_hang_job``): its hang analysis and seconds."""
+    from fleetscope.server.diagnosis import loader
+    from fleetscope.server.diagnosis.engine import diagnose_hang
+
+    t0 = time.perf_counter()
+    with loader.fast_pass(fast):
+        frames = loader.load_reduced_frames(store, info.job, now, cache, info.topology.world_size,
+                                            info.num_microbatches, window_steps=config.stragglers.window_steps,
+                                            hardware=False, hang_only=True)
+        hang, _ = diagnose_hang(info, frames, now, config)
+    return hang, time.perf_counter() - t0
+
+
 def verdict(result: Any) -> tuple:
     h = result.hang
     return (sorted((f.kind.value, tuple(f.ranks), f.group_id or "") for f in result.findings),
@@ -263,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
                     pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
                 per[kind].append(ph)
                 got[kind] = verdict(res)
+            for kind in ("old", "new"):
+                h, took = hang_pass(ts, info, now, caches[kind], config, kind == "new")
+                per[kind][-1]["hang_pass"] = took
+                got[kind] = (*got[kind], (h.stalled, tuple(h.culprits), h.hang_class))
             ok = got["old"] == got["new"]
             same &= ok
             print(f"  pass {i + 1}/{args.passes} after step {b.step - 1} ({ins:.1f} s insert): "
@@ -283,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nfull pass at {topo.world_size:,} ranks, {args.passes} passes each:")
         print(f"  old p50 {po:.2f} s, max {mo:.2f} s")
         print(f"  new p50 {pn:.2f} s, max {mn:.2f} s   ratio new/old p50 {pn / po:.2f}")
+        ho = float(np.median([p["hang_pass"] for p in per["old"]]))
+        hn = float(np.median([p["hang_pass"] for p in per["new"]]))
+        print(f"  hang pass: old p50 {ho:.2f} s, new p50 {hn:.2f} s, max {max(p['hang_pass'] for p in per['new']):.2f} s"
+              f" ({'PASS' if hn <= 0.5 else 'FAIL'} <= 0.5 s)")
         print(f"  same findings and hang verdict on every pass: {same}")
         ok = pn <= args.target and same
         print(f"  {'PASS' if pn <= args.target else 'FAIL'}  new full pass p50 <= {args.target} s")
