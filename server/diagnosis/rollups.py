@@ -193,6 +193,50 @@ FROM gt LEFT JOIN link ON gt.group_id = link.group_id AND gt.axis = link.axis AN
 SETTINGS join_use_nulls = 0, enable_materialized_cte = 1
 """
 
+def _parts(sql: str, select_start: str) -> tuple[str, str]:
+    """(the CTEs after the arrivals, the final SELECT) of :data:`RANK_STEP_SQL` or
+    :data:`GROUP_STEP_SQL`."""
+    body = sql.split(f"WITH {_ARRIVALS},", 1)[1]
+    i = body.index(select_start)
+    return body[:i].rstrip().rstrip(","), body[i:body.index("\nSETTINGS")]
+
+
+_RS_COLS = ("rank", "step", "step_ns", "comm_ns", "wait_ns", "num_collectives", "num_last_arrivals",
+            "lateness_med_ns", "wait_caused_ns", "caused_k", "caused_v", "compute_ns", "dataloader_ns",
+            "optimizer_ns", "other_ns", "fwd_k", "fwd_v", "bwd_k", "bwd_v")
+_GS_COLS = ("group_id", "axis", "step", "gt_transfer_ns", "op_transfer_ns", "num_ops", "bytes", "transfer_ns")
+_RS_DEFAULTS = {"lateness_med_ns": "0.", "caused_k": "[]", "caused_v": "[]", "fwd_k": "[]", "fwd_v": "[]",
+                "bwd_k": "[]", "bwd_v": "[]"}
+_GS_DEFAULTS = {"group_id": "''", "axis": "''", "op_transfer_ns": "0."}
+
+
+def _rank_group_sql() -> str:
+    rc, rsel = _parts(RANK_STEP_SQL, "SELECT st.rank AS rank")
+    gc, gsel = _parts(GROUP_STEP_SQL, "SELECT gt.group_id AS group_id")
+    cols = list(dict.fromkeys(_RS_COLS + _GS_COLS))
+    a = ", ".join(c if c in _RS_COLS else f"{_GS_DEFAULTS.get(c, '0')} AS {c}" for c in cols)
+    b = ", ".join(c if c in _GS_COLS else f"{_RS_DEFAULTS.get(c, '0')} AS {c}" for c in cols)
+    return (f"WITH {_ARRIVALS},{rc},{gc},\nrs AS (\n{rsel}\n),\ngs AS (\n{gsel}\n)\n"
+            f"SELECT 0 AS part, {a} FROM rs\nUNION ALL\nSELECT 1 AS part, {b} FROM gs\n"
+            "SETTINGS join_use_nulls = 0, enable_materialized_cte = 1\n")
+
+
+RANK_GROUP_STEP_SQL = _rank_group_sql()
+""":data:`RANK_STEP_SQL` and :data:`GROUP_STEP_SQL` in one query (``part`` 0: rank rows, 1:
+group rows): the op arrivals of the step range, the costliest part of both, are read,
+joined and windowed once instead of twice."""
+
+
+def split_rank_group(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:data:`RANK_GROUP_STEP_SQL`'s rows as (the rank-step frame, the group-step frame)."""
+    if df.empty:
+        return pd.DataFrame(columns=list(_RS_COLS)), pd.DataFrame(columns=list(_GS_COLS))
+    part = df["part"].to_numpy()
+    rs = df.loc[part == 0, list(_RS_COLS)].reset_index(drop=True)
+    gs = df.loc[part == 1, list(_GS_COLS)].reset_index(drop=True)
+    return rs, gs
+
+
 STEP_GAPS_SQL = """
 SELECT step, max(gap) / 1e9 AS gap_s FROM (
   SELECT step, t - lagInFrame(t, 1, t) OVER (ORDER BY t ASC
@@ -245,6 +289,7 @@ GROUP BY step
 QUERIES: dict[str, str] = {
     "rank_step": RANK_STEP_SQL, "group_step": GROUP_STEP_SQL, "step_gaps": STEP_GAPS_SQL,
     "quiet_since": QUIET_SINCE_SQL, "mismatch": MISMATCH_SQL, "step_counts": STEP_COUNTS_SQL,
+    "rank_group_step": RANK_GROUP_STEP_SQL,
 }
 """Named diagnosis queries (a remote worker sends the name, never SQL text)."""
 
@@ -261,6 +306,9 @@ class StepData:
     group_step: pd.DataFrame
     gap_s: float | None
     mismatch: pd.DataFrame
+    mb: dict[str, np.ndarray] | None = None
+    """``fwd``/``bwd`` -> the step's (world_size, num_mb) own-work matrix, made once when
+    the step is reduced (None: made by :func:`assemble` on every pass, the old way)."""
 
 
 @dataclass
@@ -322,11 +370,12 @@ def _fix(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def refresh(store: Any, cache: JobCache, job: str, from_step: int, last_step: int, first_step: int,
-            gaps_only: bool = False) -> dict[str, int]:
+            gaps_only: bool = False, fast: bool = True) -> dict[str, int]:
     """Bring ``cache`` up to date for steps ``from_step .. last_step + 1``; drop older steps.
 
     ``gaps_only`` (the hang pass): only steps with no cached op gap get one (cheap);
-    nothing else is recomputed. Returns counts (steps computed, reused).
+    nothing else is recomputed. ``fast`` False: the rank and group reductions as two
+    queries (the previous pass). Returns counts (steps computed, reused).
     """
     to_step = last_step + 1
     p = {"job": job, "attempt": cache.attempt, "from_step": from_step, "to_step": to_step}
@@ -361,8 +410,11 @@ def refresh(store: Any, cache: JobCache, job: str, from_step: int, last_step: in
         rs = gs = empty
         if heavy_hi >= lo:
             hq = {**q, "to_step": heavy_hi}
-            rs = _fix(store.query_df(RANK_STEP_SQL, hq))
-            gs = _fix(store.query_df(GROUP_STEP_SQL, hq))
+            if fast:
+                rs, gs = (_fix(x) for x in split_rank_group(store.query_df(RANK_GROUP_STEP_SQL, hq)))
+            else:
+                rs = _fix(store.query_df(RANK_STEP_SQL, hq))
+                gs = _fix(store.query_df(GROUP_STEP_SQL, hq))
         gap: dict[int, float] = {}
         if min(hi, last_step) >= lo:
             ctx = lo - 1 if lo - 1 > first_step and lo > from_step else lo
@@ -412,8 +464,34 @@ def _mb_matrix(rows: pd.DataFrame, col: str, world: int, num_mb: int) -> np.ndar
     return m
 
 
-def assemble(cache: JobCache, world: int, from_step: int, last_step: int) -> Reduced:
-    """The window ``from_step .. last_step + 1`` from the cache as detector inputs."""
+def _mb_matrix_np(rows: pd.DataFrame, col: str, world: int, num_mb: int) -> np.ndarray:
+    """:func:`_mb_matrix` with numpy: one flatten of the array columns, one scatter."""
+    m = np.full((world, num_mb), np.nan)
+    if rows.empty:
+        return m
+    ks = rows[f"{col}_k"].to_numpy(dtype=object)
+    vs = rows[f"{col}_v"].to_numpy(dtype=object)
+    ranks = rows["rank"].to_numpy().astype(np.int64)
+    n = np.fromiter((0 if k is None else len(k) for k in ks), dtype=np.int64, count=len(ks))
+    ok = (ranks >= 0) & (ranks < world) & (n > 0)
+    if not ok.any():
+        return m
+    kk = np.concatenate([np.asarray(k, dtype=np.float64) for k, o in zip(ks, ok) if o]).astype(np.int64)
+    vv = np.concatenate([np.asarray(v, dtype=np.float64) for v, o in zip(vs, ok) if o])
+    rr = np.repeat(ranks[ok], n[ok])
+    keep = (kk >= 0) & (kk < num_mb)
+    m[rr[keep], kk[keep]] = vv[keep]  # one row per rank and step: no index repeats
+    return m
+
+
+def step_matrices(rank_step: pd.DataFrame, world: int, num_mb: int) -> dict[str, np.ndarray]:
+    """One step's forward/backward own-work matrices (what :func:`assemble` hands on)."""
+    return {c: _mb_matrix_np(rank_step, c, world, num_mb) for c in ("fwd", "bwd")}
+
+
+def assemble(cache: JobCache, world: int, from_step: int, last_step: int, fast: bool = True) -> Reduced:
+    """The window ``from_step .. last_step + 1`` from the cache as detector inputs (``fast``
+    False: the per-step matrices are rebuilt in Python on every call, the old way)."""
     steps = [s for s in sorted(cache.steps) if from_step <= s <= last_step + 1]
     rs = [cache.steps[s].rank_step for s in steps if not cache.steps[s].rank_step.empty]
     gs = [cache.steps[s].group_step for s in steps if not cache.steps[s].group_step.empty]
@@ -431,8 +509,14 @@ def assemble(cache: JobCache, world: int, from_step: int, last_step: int) -> Red
         mismatch_rows=pd.concat(mm, ignore_index=True) if mm else pd.DataFrame(),
     )
     for s in steps:
-        r = cache.steps[s].rank_step
+        d = cache.steps[s]
+        r = d.rank_step
         if r.empty:
+            continue
+        if fast:  # made once per step and kept (a step's rows change only when it is reduced again)
+            if d.mb is None or d.mb["fwd"].shape != (world, cache.num_mb):
+                d.mb = step_matrices(r, world, cache.num_mb)
+            out.fwd[s], out.bwd[s] = d.mb["fwd"], d.mb["bwd"]
             continue
         out.fwd[s] = _mb_matrix(r, "fwd", world, cache.num_mb)
         out.bwd[s] = _mb_matrix(r, "bwd", world, cache.num_mb)
