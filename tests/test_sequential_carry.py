@@ -117,7 +117,8 @@ def test_each_pass_folds_only_the_steps_it_has_not_seen():
     detect_stragglers("t", TOPO, bd[bd.step <= state.last_step + 1], pd.DataFrame(), state=state)
     assert state.folded_steps == 0
     assert all(np.array_equal(before[c], state.streams[c].evidence) for c in SEQUENTIAL_STREAMS)
-    assert state.nbytes == len(SEQUENTIAL_STREAMS) * TOPO.world_size * 16  # O(ranks x streams)
+    # O(ranks x streams x drifts)
+    assert state.nbytes == len(SEQUENTIAL_STREAMS) * 2 * TOPO.world_size * 16
 
 
 def test_a_step_is_folded_once_every_rank_is_past_it_and_a_late_step_never_twice():

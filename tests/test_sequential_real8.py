@@ -25,7 +25,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
-from fleetscope.server.diagnosis.stragglers import StragglerState, detect_stragglers, stage_log_ratios
+from fleetscope.server.diagnosis.stragglers import (
+    StragglerState,
+    detect_stragglers,
+    stage_log_ratios,
+)
 
 from fleetscope.topology import Topology
 from tests.helpers.synthetic import MS
@@ -75,7 +79,6 @@ def _check_straggler(passes, rank: int, true_ratio: float, onset: int, within_st
     return first
 
 
-@pytest.mark.xfail(strict=True, reason="reproduces the e2e failures; fixed by the next commit")
 def test_real_8_rank_1_6x_compute_straggler_is_named_with_its_measured_factor_on_every_pass():
     bd = _real("strag")
     ratio = _measured_ratio(bd, TOPO8, 5, ONSET)
@@ -116,7 +119,6 @@ def _synth(topo: Topology, steps: int, sigma: float, seed: int, slow: dict[int, 
     return pd.DataFrame(cols)[[*BREAKDOWN_COLUMNS, "end_ms"]]
 
 
-@pytest.mark.xfail(strict=True, reason="reproduces the e2e failures; fixed by the next commit")
 @pytest.mark.parametrize("layout,rank,seed,factor,within", [
     # 1 of 4 stage peers, 1/8 of the rank-steps; a 2-rank stage (half its stage); 1 of 4 of 8
     ((2, 2, 2), 5, 0, 1.6, 110), ((2, 2, 2), 5, 1, 1.6, 110), ((2, 2, 2), 0, 2, 1.6, 110),

@@ -122,6 +122,11 @@ class CusumResult:
     when the statistic is carried across passes."""
     num_folded: int = 0
     """Columns folded into the statistic by this call (the per-pass cost)."""
+    level: np.ndarray | None = None
+    """Per row: the mean clipped log ratio (centred on the typical rank) since the change
+    point, over all the excursion's steps (NaN: no excursion): exp of it is the factor."""
+    level_steps: np.ndarray | None = None
+    """Per row: the steps that mean is over."""
 
     @property
     def score(self) -> np.ndarray:
@@ -169,10 +174,30 @@ class CusumState:
     """Per row: W, the statistic in log-likelihood units (theta-weighted increments), capped."""
     onset_step: np.ndarray
     """Per row: the step where the current excursion of W above 0 began (-1: W is 0)."""
+    level_sum: np.ndarray | None = None
+    """Per row: the sum of the excursion's clipped, centred log ratios (y + kappa), so its
+    mean is the slowdown since the change point, over every step of it, not only the
+    window's."""
+    level_steps: np.ndarray | None = None
+    """Per row: the excursion's steps."""
+
+    def __post_init__(self) -> None:
+        n = self.evidence.shape[0]
+        if self.level_sum is None:
+            self.level_sum = np.zeros(n)
+        if self.level_steps is None:
+            self.level_steps = np.zeros(n, dtype=np.int64)
 
     @classmethod
     def empty(cls, num_rows: int) -> CusumState:
         return cls(np.zeros(num_rows), np.full(num_rows, -1, dtype=np.int64))
+
+    @property
+    def level(self) -> np.ndarray:
+        """Per row: the mean log ratio to the stage peers since the change point (NaN: none)."""
+        assert self.level_sum is not None and self.level_steps is not None
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.level_steps > 0, self.level_sum / np.maximum(self.level_steps, 1), np.nan)
 
 
 @dataclass(frozen=True)
@@ -202,11 +227,16 @@ def _params(x: np.ndarray, pooled_sigma: float, num_components: int, num_ranks: 
     # do not move it); under exchangeable ranks a healthy rank's increments then average
     # -kappa
     centre = float(np.median(clipped.mean(axis=1)))
-    y = clipped - centre - config.kappa
     gauss = 2 * config.kappa / s ** 2
     # the pooled moment, each rank at its own Gaussian root: mean(exp(lam theta_r y)) = 1
-    # (its upper confidence bound, so a small pool cannot overstate lam)
-    lam = empirical_root((gauss[:, None] * y).ravel(), config.root_cap, config.root_z)
+    # (its upper confidence bound, so a small pool cannot overstate lam), each rank's
+    # increments about its own median: the moment measures the noise's shape, and a
+    # straggler's level shift is no noise (one rank of 8 is 1/8 of the pool: its shifted
+    # increments drove the pooled moment above 1, lambda and its own weight to 0). A rank
+    # noisier than its estimated scale still weighs on everyone's lambda.
+    own_clipped = np.clip(x - np.median(x, axis=1, keepdims=True), -bound[:, None], bound[:, None])
+    y_shape = own_clipped - float(np.median(own_clipped.mean(axis=1))) - config.kappa
+    lam = empirical_root((gauss[:, None] * y_shape).ravel(), config.root_cap, config.root_z)
     theta = lam * gauss
     log_tests = math.log(max(num_ranks, config.fleet_ranks) * max(num_components, 1) / config.alpha)
     # and never fewer than ``min_steps`` steps at the clip: one or two long steps name nobody
@@ -235,7 +265,15 @@ def fold(state: CusumState, x_new: np.ndarray, steps_new: np.ndarray, params: _P
     # excursion: the carried onset stands)
     last_min = k - np.argmax((c <= low + 1e-12)[:, ::-1], axis=1)
     started = np.where(last_min < k, np.asarray(steps_new, dtype=np.int64)[np.minimum(last_min, k - 1)], -1)
-    onset = np.where((last_min == 0) & (state.onset_step >= 0), state.onset_step, started)
+    carried = (last_min == 0) & (state.onset_step >= 0)
+    onset = np.where(carried, state.onset_step, started)
+    # the excursion's level: the carried sum and steps when it goes on, else its new steps'
+    cy = np.concatenate([np.zeros((num_rows, 1)), np.cumsum(y, axis=1)], axis=1)
+    j = np.minimum(last_min, k)
+    since = cy[:, -1] - cy[np.arange(num_rows), j]
+    assert state.level_sum is not None and state.level_steps is not None
+    state.level_sum = np.where(w > 0, np.where(carried, state.level_sum + since, since), 0.0)
+    state.level_steps = np.where(w > 0, np.where(carried, state.level_steps + k, k - j), 0).astype(np.int64)
     state.onset_step = np.where(w > 0, onset, -1).astype(np.int64)
     state.evidence = np.minimum(w, cap * params.threshold)  # no cap in a pass with no test (h = inf)
 
@@ -285,8 +323,9 @@ def cusum(x: np.ndarray, pooled_sigma: float, num_components: int, num_ranks: in
     # the change point as a column of the window (0 when it lies before the window)
     col = np.searchsorted(step_ids, np.where(onset_step >= 0, onset_step, step_ids[-1]), side="left")
     onset = np.minimum(col, num_steps - 1).astype(np.int64)
+    assert state.level_steps is not None
     return CusumResult(stat >= params.threshold, stat, params.threshold, onset, params.lam, num_steps,
-                       onset_step, new_to - new_from)
+                       onset_step, new_to - new_from, state.level, state.level_steps.copy())
 
 
 def expected_delay(sigma: float, factor: float, num_ranks: int = 0, num_components: int = 5,

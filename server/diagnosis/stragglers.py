@@ -96,7 +96,7 @@ class StragglerState:
             return
         self.resets += bool(self.key)
         self.key, self.last_step, self.total_folded = key, -1, 0
-        self.streams = {c: CusumState.empty(num_ranks) for c in SEQUENTIAL_STREAMS}
+        self.streams = {c: CusumState.empty(num_ranks) for c in SEQUENTIAL_STREAMS}  # + a drift's on first use
         self.scans = {}
 
     @property
@@ -155,6 +155,11 @@ class StragglerConfig:
     z = Phi^-1(1 - level), the exceedance test at ``level``, the slowest-of-stage test at
     ``scan_alpha / (ranks x streams)``. A single stateless look keeps the per-look levels
     above (``scan_z``, ``level_alpha``, ``top_alpha``)."""
+    fast_factors: tuple[float, ...] = (1.7,)
+    """Besides the CUSUM tuned for 1.2x, one per factor here with drift ln(f) / 2: at the
+    noise of 2 shared CPU cores (sigma ~0.45) the 1.2x CUSUM needs ~60 steps of a 1.6x rank
+    even at its Gaussian weight, this one ~35 (the delay is least at drift d / 2);
+    Bonferroni over all of them (ln 2 on the threshold)."""
     cusum: CusumConfig = CusumConfig()
     """The CUSUM test (:mod:`.sequential`) run beside the scans on own work and each
     measured component: drift ln 1.1, false-alarm rate 1e-4 per step at 12,288 ranks."""
@@ -338,14 +343,20 @@ def detect_stragglers(
 
     persistent, score_busy, run_busy = scan("busy_ns", lr, pooled, row)
 
+    drifts = _drifts(config)
+
     def sequential(c: str, x: np.ndarray, pooled: float, row: np.ndarray) -> CusumResult:
+        """The stream's CUSUMs (one per drift, Bonferroni over them), joined per rank."""
+        tests = num_tests * len(drifts)
         if seq_cols is None or state is None:
-            return cusum(x, pooled, num_tests, topo.world_size, config.cusum, row, steps=np.asarray(steps))
+            return _join_cusums([cusum(x, pooled, tests, topo.world_size, cfg, row, steps=np.asarray(steps))
+                                 for cfg in drifts])
         a, b = seq_cols
         if b < x.shape[1]:  # the noise of the completed steps only
             pooled, row = _robust_sigma(x[:, :b]), _row_sigma(x[:, :b])
-        return cusum(x, pooled, num_tests, topo.world_size, config.cusum, row, state=state.streams[c],
-                     new_from=a, new_to=b, steps=np.asarray(steps))
+        return _join_cusums([cusum(x, pooled, tests, topo.world_size, cfg, row, state=state.streams.setdefault(_key(c, j), CusumState.empty(x.shape[0])),
+                                   new_from=a, new_to=b, steps=np.asarray(steps))
+                             for j, cfg in enumerate(drifts)])
 
     cus: dict[str, CusumResult] = {"busy_ns": sequential("busy_ns", lr, pooled, row)}
     persistent, score_busy, run_busy = _with_cusum(persistent, score_busy, run_busy, cus["busy_ns"])
@@ -394,6 +405,8 @@ def detect_stragglers(
         if seq_cols[1] > 0:
             state.last_step = max(state.last_step, int(steps[seq_cols[1] - 1]))
     suspects = [r for r in ranks if persistent[idx[r]] or any(comp_hit[c][idx[r]] for c in comp_hit)]
+    # each rank's noise on its own work (the change point's clip)
+    sigma_s = np.maximum(_robust_sigma(lr), _row_sigma(lr))
     evidence = _arrival_evidence(arrivals, steps[-k:])
     waiting = _waiting_peers(arrivals, steps[-k:])
     findings: list[Finding] = []
@@ -404,12 +417,12 @@ def detect_stragglers(
             lead = None if persistent[i] else max(hits, key=lambda c: comp_score[c][i])
             n = int(run_busy[i]) if lead is None else int(comp_run[lead][i])
             n = max(n, min(config.scan_min_steps, len(steps)))
-            # onset: the CUSUM's change point when the CUSUM names the rank, else where the
-            # final run of steps above half the run's median effect begins
+            # onset: the CUSUM's change point when the CUSUM names the rank, else the
+            # window's change point of the flagged series (:func:`_change_point`): the
+            # steps a test flagged are the latest few it needed, not all the slow ones, and
+            # a factor read over 4 noisy steps is off by a third
             series = lr[i] if lead is None else comp_lr[lead][i]
-            half = max(float(np.median(series[-n:])) / 2, math.log1p(config.min_effect) / 2)
-            above = series > half
-            first = steps[_run_start(above)] if above[-1] else steps[-n]
+            first = steps[_change_point(series, n, float(np.maximum(sigma_s[i], 1e-3)), config)]
             # the strongest CUSUM that names the rank (own work or a component) dates it
             named = [k for k in ("busy_ns", *hits) if cus[k].hit[i]]
             seq = cus[max(named, key=lambda k: cus[k].score[i])] if named else cus[
@@ -417,7 +430,8 @@ def detect_stragglers(
             if seq.hit[i]:
                 first = steps[int(seq.onset[i])]
             # the magnitudes are measured over the steps since the onset (not before it, and
-            # within the window); a carried change point may predate the window
+            # within the window), each against the stage peers' same steps; a carried change
+            # point may predate the window
             n = max(len(steps) - steps.index(first), min(config.scan_min_steps, len(steps)))
             if seq.hit[i] and seq.onset_step is not None and 0 <= seq.onset_step[i] < first:
                 first = int(seq.onset_step[i])
@@ -429,11 +443,27 @@ def detect_stragglers(
             excess_ns = float(np.median(busy[i, -n:] - ref[i, -n:]))
             factor = _factor(comps[comp][i, -n:], comp_refs[comp][i, -n:])
             busy_factor = _factor(busy[i, -n:], ref[i, -n:])
+            factor_steps = n
+            # this component's CUSUM is in an excursion longer than the window's post-onset
+            # steps: its mean since its change point, over every step of the excursion (a
+            # 24-step window's median is +-12% at sigma 0.45, and a test crosses its
+            # threshold on a run of high draws)
+            carried_level = cus[comp].level if comp in cus else None
+            carried_steps = cus[comp].level_steps if comp in cus else None
+            if (carried_level is not None and carried_steps is not None
+                    and carried_steps[i] > n and np.isfinite(carried_level[i])):
+                factor, factor_steps = math.exp(float(carried_level[i])), int(carried_steps[i])
+            measured = ((comps[comp][i, -n:] > 0) & (comp_refs[comp][i, -n:] > 0)).mean() >= 0.5
+            if measured and factor < 1 + config.min_effect:
+                # a slowdown its own post-onset steps do not show (the component is no
+                # slower than its peers' same steps) is no finding: a test's run of a few
+                # steps was noise, or the slow part is another component's
+                continue
             base = _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, sigma, thr)
             base.update(evidence.get(r, {}))
             base["significant_components"] = [c[:-3] for c in hits]
             base.update(component=COMPONENT_NAME[comp], factor=round(factor, 3),
-                        own_work_factor=round(busy_factor, 3), judged_steps=n,
+                        own_work_factor=round(busy_factor, 3), judged_steps=n, factor_steps=factor_steps,
                         component_ms=round(float(np.median(comps[comp][i, -n:])) / 1e6, 3),
                         peer_component_ms=round(float(np.median(comp_refs[comp][i, -n:])) / 1e6, 3),
                         waiting_peers=waiting.get(r, []),
@@ -501,6 +531,50 @@ def _fold_range(state: StragglerState | None, attempt: int, topo: Topology, rank
     return a, b
 
 
+def _drifts(config: StragglerConfig) -> list[CusumConfig]:
+    """The CUSUMs run on each stream: drift ``cusum.kappa`` (tuned for 1.2x), then one per
+    ``fast_factors`` (drift ln(f) / 2)."""
+    return [config.cusum, *(replace(config.cusum, kappa=math.log(f) / 2) for f in config.fast_factors)]
+
+
+def _key(stream: str, j: int) -> str:
+    """The carried state's key of drift ``j`` of ``stream`` (the 1.2x one: the stream's name)."""
+    return stream if j == 0 else f"{stream}@{j}"
+
+
+def _join_cusums(res: list[CusumResult]) -> CusumResult:
+    """Several CUSUMs of one stream as one: per rank, the one with the highest score
+    (statistic over threshold) - its statistic, threshold and change point."""
+    if len(res) == 1:
+        return res[0]
+    sc = np.stack([r.score for r in res])
+    best = np.argmax(sc, axis=0)
+    rows = np.arange(sc.shape[1])
+
+    def pick(name: str) -> np.ndarray:
+        return np.stack([getattr(r, name) for r in res])[best, rows]
+
+    def maybe(name: str) -> np.ndarray | None:
+        return pick(name) if all(getattr(r, name) is not None for r in res) else None
+
+    return CusumResult(pick("hit"), pick("stat"), pick("threshold"), pick("onset"), res[0].theta,
+                       res[0].num_steps, maybe("onset_step"), res[0].num_folded, maybe("level"),
+                       maybe("level_steps"))
+
+
+def _change_point(series: np.ndarray, run: int, sigma: float, config: StragglerConfig) -> int:
+    """Column where a rank's slowdown began, in a window whose latest ``run`` steps a test
+    flagged: the maximum-likelihood change point of a mean shift from 0 to ``d`` (``d``:
+    the run's median), argmax_j sum_(t >= j) (x_t - d / 2), with each step clipped to
+    +-3 ``sigma`` so one long step does not move it; never later than the run's start."""
+    num = len(series)
+    run = min(max(run, 1), num)
+    d = max(float(np.median(series[-run:])), math.log1p(config.min_effect))
+    x = np.clip(series, -3 * sigma, 3 * sigma) - d / 2
+    tail = np.cumsum(x[::-1])[::-1]  # tail[j] = sum over t >= j
+    return int(min(int(np.argmax(tail)), num - run))
+
+
 def _change_step(seq: CusumResult, i: int, steps: list[int]) -> int:
     """The step where rank ``i``'s current excursion began (it may predate the window)."""
     if seq.onset_step is not None and seq.onset_step[i] >= 0:
@@ -524,14 +598,32 @@ def _run_lengths(num_steps: int, config: StragglerConfig) -> list[int]:
     return sorted({n for n in SCAN_LENGTHS if lo <= n <= num_steps} | {num_steps, lo})
 
 
+Q90_Z = NormalDist().inv_cdf(0.9)
+"""(q90 - q50) of a normal distribution in standard deviations (1.2816)."""
+
+
 def _robust_sigma(lr: np.ndarray) -> float:
-    """Noise scale of log ratios that heavy tails cannot shrink: the larger of the MAD's
-    and the upper tail's Gaussian-equivalent scale ((q90 - q50) / 1.2816). On a loaded
-    host a third of the rank-steps may run 1.5-2.5x slow at random; the MAD alone then
-    measures the quiet two thirds only."""
-    med = float(np.median(lr))
-    tail = (float(np.quantile(lr, 0.9)) - med) / 1.2816
-    return max(_sigma(lr), tail, 1e-3)
+    """Noise scale of log ratios (rows x steps) that heavy tails cannot shrink and a
+    straggler cannot inflate: the larger of the MAD's and the upper tail's
+    Gaussian-equivalent scale ((q90 - q50) / 1.2816) of every rank-step's deviation from
+    its own row's median, combined (in quadrature) with the spread of the row medians
+    (their MAD's scale). On a loaded host a third of the rank-steps may run 1.5-2.5x slow
+    at random (the MAD alone then measures the quiet two thirds only). A slow rank's level
+    shift is no noise: pooled about one centre, one straggler of 8 ranks (1/8 of the
+    rank-steps) lifted the upper percentile to its own excess and hid itself; about its own
+    median its row adds only its spread, and the median of the row medians holds while
+    fewer than half the rows are slow. The quantiles are the pool's (a 24-step row's own
+    q90 reads a skewed tail low)."""
+    if lr.ndim == 1:
+        lr = lr[None, :]
+    if lr.size == 0:
+        return 1e-3
+    med = np.median(lr, axis=1, keepdims=True)
+    dev = lr - med
+    centre = float(np.median(dev))
+    spread = max(mad_sigma(dev, centre), (float(np.quantile(dev, 0.9)) - centre) / Q90_Z)
+    levels = mad_sigma(med[:, 0]) if lr.shape[0] > 2 else 0.0
+    return max(math.hypot(spread, levels), 1e-3)
 
 
 def _row_sigma(lr: np.ndarray) -> np.ndarray:
