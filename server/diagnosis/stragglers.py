@@ -67,7 +67,8 @@ SEQUENTIAL_STREAMS = ("busy_ns", *MEASURED)
 class StragglerState:
     """The sequential test carried across passes of one job attempt (the diagnosis loop
     keeps one per job, :class:`.loop.DiagnosisLoop`): per stream, the CUSUM statistic and
-    its change point of every rank - O(ranks x 5) numbers, whatever the history.
+    its change point of every rank, and the level of its excursion since, for each drift -
+    O(ranks x 5 x 2 x 4) numbers, whatever the history.
 
     A pass folds only the steps it has not folded yet, and only *completed* ones: a step
     every rank has moved past (each rank has a row for a later step), so no rank's row of
@@ -101,7 +102,8 @@ class StragglerState:
 
     @property
     def nbytes(self) -> int:
-        return sum(st.evidence.nbytes + st.onset_step.nbytes for st in self.streams.values())
+        return sum(st.evidence.nbytes + st.onset_step.nbytes + st.level_sum.nbytes + st.level_steps.nbytes
+                   for st in self.streams.values() if st.level_sum is not None and st.level_steps is not None)
 
 
 @dataclass(frozen=True)
