@@ -27,6 +27,7 @@ scenario class and overall with Wilson 95% lower bounds, hang/crash culprit accu
     .venv/bin/python bench/diagnosis.py --list           # scenario names and classes
     .venv/bin/python bench/diagnosis.py --sweep          # detection floor vs timing noise (synthetic)
     .venv/bin/python bench/diagnosis.py --detector-timing 12288   # pure straggler pass at 12,288 ranks
+    .venv/bin/python bench/diagnosis.py --carried-sweep  # carried passes: steps to name, clean passes
 
 Exit status 1 when a target is missed.
 """
@@ -626,6 +627,80 @@ def sweep(seeds: int = 5) -> int:
     return 0
 
 
+def carried_sweep(seeds: int = 4, steps: int = 300) -> int:
+    """The diagnosis loop's carried passes on synthetic frames (no I/O): steps from onset
+    until a 1.2x compute straggler is named (128 ranks dp16 tp4 pp2, compute noise s = 0.3,
+    one host's 4 ranks 3x as noisy, every rank 2x slow over steps 60-90, a pass every 4
+    steps - tests/test_sequential_carry.py's frames), and a 1.6x / 1.84x one on 8 ranks
+    (2x2x2) at the real e2e job's noise (s ~0.45, a pass per 1 s tick at 2 steps/s -
+    tests/test_sequential_real8.py's); then the same frames without the straggler:
+    findings over every pass. Exit 1 on any false finding or wrong rank."""
+    import statistics
+
+    import pandas as pd
+    from fleetscope.server.diagnosis.stragglers import StragglerState, detect_stragglers
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests
+    from fleetscope.topology import Topology
+    from tests.test_sequential_carry import EVERY, ONSET, TOPO, _frame
+    from tests.test_sequential_real8 import TOPO8, _replay, _synth
+
+    bad = 0
+
+    def carried_128(bd: pd.DataFrame) -> list[tuple[int, list]]:
+        state = StragglerState()
+        return [(end, detect_stragglers("b", TOPO, bd[bd.step <= end], pd.DataFrame(), state=state))
+                for end in range(12, steps, EVERY)]
+
+    delays: list[float] = []
+    for seed in range(seeds):
+        found = None
+        for end, fs in carried_128(_frame(steps, 0.3, seed, slow=(77, 1.2))):
+            named = {r for f in fs for r in f.ranks}
+            bad += len(named - {77})
+            if 77 in named:
+                found = end - ONSET + 1, next(f.factor for f in fs if f.ranks == (77,))
+                break
+        delays.append(found[0] if found else math.inf)
+        print(f"  128 ranks, s 0.3, 1.2x, seed {seed}: "
+              + (f"named after {found[0]} steps, factor {found[1]}" if found else f"not named in {steps} steps"),
+              flush=True)
+    finite = [d for d in delays if math.isfinite(d)]
+    print(f"1.2x at s 0.3 (128 ranks): median {statistics.median(delays):g} steps after onset "
+          f"({len(finite)}/{len(delays)} named; {statistics.median(delays) / 2:g} s at 2 steps/s)", flush=True)
+    passes = false = 0
+    for seed in range(seeds):
+        for sigma in (0.3, 0.5):
+            for _end, fs in carried_128(_frame(steps, sigma, seed)):
+                passes += 1
+                false += len(fs)
+    print(f"128 ranks clean, s 0.3 and 0.5, {seeds} seeds: {false} findings over {passes} passes", flush=True)
+    bad += false
+    for factor in (1.6, 1.84):
+        small: list[float] = []
+        for seed in range(seeds):
+            bd = _synth(TOPO8, 140, 0.3, seed, {5: factor})
+            first = None
+            for _t, last, fs in _replay(bd, TOPO8):
+                bad += sum(f.ranks != (5,) for f in fs)
+                if first is None and any(f.ranks == (5,) for f in fs):
+                    first = last - 4
+            small.append(first if first is not None else math.inf)
+        print(f"8 ranks, real-like noise, {factor}x: steps after onset until named {small} "
+              f"(median {statistics.median(small):g})", flush=True)
+    passes = false = 0
+    for seed in range(seeds):
+        for layout in ((2, 2, 2), (1, 2, 2), (4, 1, 2)):
+            topo = Topology(dp=layout[0], tp=layout[1], pp=layout[2])
+            for _t, _last, fs in _replay(_synth(topo, 140, 0.3, seed, {}), topo):
+                passes += 1
+                false += len(fs)
+    print(f"4-16 ranks clean, real-like noise, {seeds} seeds x 3 layouts: {false} findings over {passes} passes; "
+          f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    bad += false
+    return 1 if bad else 0
+
+
 def detector_timing(world: int = 12_288, steps: int = 32, repeat: int = 3) -> int:
     """Pure straggler-detector pass time (``detect_stragglers`` alone, no I/O) on a
     per-rank-per-step frame of ``world`` ranks (tp4 x pp2 x dp) and ``steps`` steps (the detector
@@ -700,9 +775,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--detector-timing", type=int, metavar="RANKS", default=0,
                     help="only time the pure straggler detector on a synthetic RANKS x 32-step frame "
                          "(e.g. 12288); exit 1 unless its 1.2x straggler is the only finding")
+    ap.add_argument("--carried-sweep", action="store_true",
+                    help="only the carried straggler test on synthetic frames: steps to name a 1.2x "
+                         "(128 ranks) and 1.6x/1.84x (8 ranks), findings on clean runs over every pass")
     args = ap.parse_args(argv)
     if args.sweep:
         return sweep()
+    if args.carried_sweep:
+        return carried_sweep(max(args.seeds, 1) if args.seeds != 2 else 4)
     if args.detector_timing:
         if args.detector_timing % 8 or args.detector_timing < 16:
             ap.error(f"--detector-timing must be a multiple of 8 and >= 16, got {args.detector_timing}")
