@@ -156,13 +156,18 @@ def empirical_root(y: np.ndarray, upper: float, z_conf: float = 0.0) -> float:
     if g(upper) <= 0:
         return upper
     lo, hi = 0.0, upper
-    for _ in range(20):  # bisection (to 1e-6 of the upper end): g < 0 on (0, root), > 0 after it (g is convex, g(0) = 0)
+    for _ in range(12):  # bisection (to 2.4e-4 of the upper end): g < 0 on (0, root), > 0 after it (g is convex, g(0) = 0)
         mid = (lo + hi) / 2
         if g(mid) <= 0:
             lo = mid
         else:
             hi = mid
     return lo
+
+
+LEVEL_CLIP = math.log(100.0)
+"""The excursion's level (the factor since the change point) clips each step's log ratio
+here."""
 
 
 @dataclass
@@ -175,9 +180,9 @@ class CusumState:
     onset_step: np.ndarray
     """Per row: the step where the current excursion of W above 0 began (-1: W is 0)."""
     level_sum: np.ndarray | None = None
-    """Per row: the sum of the excursion's clipped, centred log ratios (y + kappa), so its
-    mean is the slowdown since the change point, over every step of it, not only the
-    window's."""
+    """Per row: the sum of the excursion's centred log ratios (each clipped at
+    +-``LEVEL_CLIP``), so its mean is the slowdown since the change point, over every step
+    of it, not only the window's."""
     level_steps: np.ndarray | None = None
     """Per row: the excursion's steps."""
 
@@ -268,7 +273,10 @@ def fold(state: CusumState, x_new: np.ndarray, steps_new: np.ndarray, params: _P
     carried = (last_min == 0) & (state.onset_step >= 0)
     onset = np.where(carried, state.onset_step, started)
     # the excursion's level: the carried sum and steps when it goes on, else its new steps'
-    cy = np.concatenate([np.zeros((num_rows, 1)), np.cumsum(y, axis=1)], axis=1)
+    # (the level is clipped at +-ln 100, not at the increments' bound: a 40x data loader's
+    # factor must read 40x, and one 20x pause moves a 100-step mean by 3% only)
+    lv = np.clip(x_new - params.m, -LEVEL_CLIP, LEVEL_CLIP) - params.centre
+    cy = np.concatenate([np.zeros((num_rows, 1)), np.cumsum(lv, axis=1)], axis=1)
     j = np.minimum(last_min, k)
     since = cy[:, -1] - cy[np.arange(num_rows), j]
     assert state.level_sum is not None and state.level_steps is not None

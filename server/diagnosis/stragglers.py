@@ -320,11 +320,18 @@ def detect_stragglers(
     k = min(config.recent_steps, len(steps))
     thr = max(math.log1p(config.min_effect), config.z * MEDIAN_SE_FACTOR * sigma / math.sqrt(k))
     num_tests = 1 + len(MEASURED)  # own work and each measured component: C of the Bonferroni
-    pooled, row = _robust_sigma(lr), _row_sigma(lr)
+    memo: dict[tuple[str, int], tuple[float, np.ndarray]] = {}
+
+    def noise(c: str, x: np.ndarray, end: int) -> tuple[float, np.ndarray]:
+        """(pooled, per-rank) noise of stream ``c``'s first ``end`` columns, once per pass."""
+        if (c, end) not in memo:
+            memo[(c, end)] = _robust_sigma(x[:, :end]), _row_sigma(x[:, :end])
+        return memo[(c, end)]
+
     seq_cols = _fold_range(state, attempt, topo, ranks, steps, breakdown[breakdown["rank"].isin(ranks)])
     scans = _scan_plan(seq_cols, len(steps), topo.world_size, num_tests, config)
 
-    def scan(c: str, x: np.ndarray, pooled: float, row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def scan(c: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The window scans on the steps this pass judges; with none new, the verdict of
         the pass that judged the newest (nothing flagged when there is none)."""
         end, levels, _ = scans
@@ -334,33 +341,32 @@ def detect_stragglers(
                 return hit.copy(), sc.copy(), run.copy()
             z = np.zeros(x.shape[0])
             return z.astype(bool), z, z.astype(np.int64)
-        if end < x.shape[1]:
-            pooled, row = _robust_sigma(x[:, :end]), _row_sigma(x[:, :end])
+        pooled, row = noise(c, x, end)
         if levels is not None:  # a rank's own noise: the upper bound of its estimate
             row = row * (1 + ROW_SIGMA_UCB_Z * ROW_SIGMA_REL_SE / math.sqrt(max(end - 1, 1)))
-        out = _scan(x[:, :end], pooled, config, row, levels)
+        out = _scan(x[:, :end], pooled, config, row, levels, pooled_is_own=True)
         if state is not None and levels is not None:
             state.scans[c] = tuple(a.copy() for a in out)
         return out
 
-    persistent, score_busy, run_busy = scan("busy_ns", lr, pooled, row)
+    persistent, score_busy, run_busy = scan("busy_ns", lr)
 
     drifts = _drifts(config)
 
-    def sequential(c: str, x: np.ndarray, pooled: float, row: np.ndarray) -> CusumResult:
+    def sequential(c: str, x: np.ndarray) -> CusumResult:
         """The stream's CUSUMs (one per drift, Bonferroni over them), joined per rank."""
         tests = num_tests * len(drifts)
         if seq_cols is None or state is None:
+            pooled, row = noise(c, x, x.shape[1])
             return _join_cusums([cusum(x, pooled, tests, topo.world_size, cfg, row, steps=np.asarray(steps))
                                  for cfg in drifts])
         a, b = seq_cols
-        if b < x.shape[1]:  # the noise of the completed steps only
-            pooled, row = _robust_sigma(x[:, :b]), _row_sigma(x[:, :b])
-        return _join_cusums([cusum(x, pooled, tests, topo.world_size, cfg, row, state=state.streams.setdefault(_key(c, j), CusumState.empty(x.shape[0])),
-                                   new_from=a, new_to=b, steps=np.asarray(steps))
-                             for j, cfg in enumerate(drifts)])
+        pooled, row = noise(c, x, b)  # the noise of the completed steps only
+        carried = [state.streams.setdefault(_key(c, j), CusumState.empty(x.shape[0])) for j in range(len(drifts))]
+        return _join_cusums([cusum(x, pooled, tests, topo.world_size, cfg, row, state=st, new_from=a, new_to=b,
+                                   steps=np.asarray(steps)) for cfg, st in zip(drifts, carried)])
 
-    cus: dict[str, CusumResult] = {"busy_ns": sequential("busy_ns", lr, pooled, row)}
+    cus: dict[str, CusumResult] = {"busy_ns": sequential("busy_ns", lr)}
     persistent, score_busy, run_busy = _with_cusum(persistent, score_busy, run_busy, cus["busy_ns"])
     # per rank: its own noise (MAD about its median; sparse pauses barely move it) when
     # larger than the pool's, so a rank on a noisy host does not count its noise as pauses
@@ -384,9 +390,8 @@ def detect_stragglers(
     for c in MEASURED:
         lr_c = _log_ratio(comps[c], comp_refs[c])
         comp_lr[c] = lr_c
-        pooled, row = _robust_sigma(lr_c), _row_sigma(lr_c)
-        hit, sc, run = scan(c, lr_c, pooled, row)
-        cus[c] = sequential(c, lr_c, pooled, row)
+        hit, sc, run = scan(c, lr_c)
+        cus[c] = sequential(c, lr_c)
         hit, sc, run = _with_cusum(hit, sc, run, cus[c])
         end, _, top_alpha = scans
         if end:
@@ -408,7 +413,7 @@ def detect_stragglers(
             state.last_step = max(state.last_step, int(steps[seq_cols[1] - 1]))
     suspects = [r for r in ranks if persistent[idx[r]] or any(comp_hit[c][idx[r]] for c in comp_hit)]
     # each rank's noise on its own work (the change point's clip)
-    sigma_s = np.maximum(_robust_sigma(lr), _row_sigma(lr))
+    sigma_s = np.maximum(*noise("busy_ns", lr, len(steps)))
     evidence = _arrival_evidence(arrivals, steps[-k:])
     waiting = _waiting_peers(arrivals, steps[-k:])
     findings: list[Finding] = []
@@ -449,12 +454,22 @@ def detect_stragglers(
             # this component's CUSUM is in an excursion longer than the window's post-onset
             # steps: its mean since its change point, over every step of the excursion (a
             # 24-step window's median is +-12% at sigma 0.45, and a test crosses its
-            # threshold on a run of high draws)
+            # threshold on a run of high draws) - when the slowdown is a shift: the window's
+            # post-onset mean of log ratios is within 2 standard errors of their median, and
+            # the carried mean within 3 of it (an intermittent stall's mean of logs is far
+            # below its median: then the window's median speaks, as the factor is defined)
             carried_level = cus[comp].level if comp in cus else None
             carried_steps = cus[comp].level_steps if comp in cus else None
             if (carried_level is not None and carried_steps is not None
-                    and carried_steps[i] > n and np.isfinite(carried_level[i])):
-                factor, factor_steps = math.exp(float(carried_level[i])), int(carried_steps[i])
+                    and carried_steps[i] > n and np.isfinite(carried_level[i]) and factor > 0):
+                own = float(noise(comp, comp_lr[comp], len(steps))[1][i]) if comp in comp_lr else 0.0
+                se = MEDIAN_SE_FACTOR * max(own, float(sigma_s[i])) / math.sqrt(n)
+                a_, b_ = comps[comp][i, -n:], comp_refs[comp][i, -n:]
+                ok_ = (a_ > 0) & (b_ > 0)
+                w = np.log(a_[ok_] / b_[ok_]) if ok_.any() else np.zeros(1)
+                shift = abs(float(np.mean(w)) - float(np.median(w))) <= 2 * se
+                if shift and abs(float(carried_level[i]) - math.log(factor)) <= 3 * se:
+                    factor, factor_steps = math.exp(float(carried_level[i])), int(carried_steps[i])
             measured = ((comps[comp][i, -n:] > 0) & (comp_refs[comp][i, -n:] > 0)).mean() >= 0.5
             if measured and factor < 1 + config.min_effect:
                 # a slowdown its own post-onset steps do not show (the component is no
@@ -650,7 +665,7 @@ def _binom_sf(h: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:
 
 def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig,
           row_sigma: np.ndarray | None = None, levels: tuple[float, float] | None = None,
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          pooled_is_own: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sequential test on log ratios (ranks x steps, oldest first) over runs of the latest
     ``n`` steps, ``scan_min_steps <= n <= steps``; a rank is flagged by either
 
@@ -678,7 +693,9 @@ def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig,
     floor = math.log1p(config.min_effect)
     # a rank on a noisy host is judged against its own noise when that is larger than the
     # pool's (its median wanders further; it is not slower)
-    sigma = np.maximum(max(sigma, _robust_sigma(lr)), _row_sigma(lr) if row_sigma is None else row_sigma)
+    # (``pooled_is_own``: ``sigma`` is already :func:`_robust_sigma` of ``lr``)
+    pool = sigma if pooled_is_own else max(sigma, _robust_sigma(lr))
+    sigma = np.maximum(pool, _row_sigma(lr) if row_sigma is None else row_sigma)
     exceed = {L: lr > math.log(L) for L in config.levels}
     p_other = {}
     for L, e in exceed.items():  # leave-one-out rate of exceeding L, with a pseudo-count
