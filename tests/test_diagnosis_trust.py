@@ -23,7 +23,7 @@ from fleetscope.server.diagnosis.stragglers import detect_stragglers
 from fleetscope.server.diagnosis.whatif import profile_from_frames
 
 from fleetscope.topology import Topology
-from tests.helpers.synthetic import MS, SynthJob, breakdown_from_parts
+from tests.helpers.synthetic import MS, SynthJob
 
 
 def _detect(job: SynthJob, upto: int | None = None, profile: bool = True):
@@ -398,6 +398,7 @@ def _frame(topo: Topology, steps: int, sigma: float, seed: int, slow: tuple[int,
     large job: compute with lognormal noise ``sigma`` (3x on one host's ranks), every rank
     2x slow in the middle third of the steps (machine load), a data loader with
     exponential stalls, optional ``slow`` = (rank, factor, from step) on compute."""
+    from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
 
     rng = np.random.default_rng(seed)
     n = topo.world_size
@@ -411,7 +412,14 @@ def _frame(topo: Topology, steps: int, sigma: float, seed: int, slow: tuple[int,
     dl = 5 * MS * (1 + rng.exponential(0.3, (n, steps))) * phase
     opt = 4 * MS * np.exp(0.1 * rng.standard_normal((n, steps))) * phase
     unt = 1 * MS * np.exp(0.3 * rng.standard_normal((n, steps)))
-    return breakdown_from_parts(comp, dl, opt, unt)
+    busy = comp + dl + opt + unt
+    step = np.broadcast_to(busy.max(axis=0) * 1.5, (n, steps))
+    rk, st = np.meshgrid(np.arange(n), np.arange(steps), indexing="ij")
+    cols = {"rank": rk.ravel(), "step": st.ravel(), "step_ns": step.ravel(), "comm_ns": (step - busy).ravel(),
+            "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(), "compute_ns": comp.ravel(),
+            "dataloader_ns": dl.ravel(), "optimizer_ns": opt.ravel(), "other_ns": 0.0,
+            "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0, "num_collectives": 10}
+    return pd.DataFrame(cols)[list(BREAKDOWN_COLUMNS)]
 
 
 def test_large_clean_jobs_with_a_noisy_host_and_machine_load_have_no_findings():

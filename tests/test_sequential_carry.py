@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
 from fleetscope.server.diagnosis.sequential import CusumState, cusum, expected_delay
 from fleetscope.server.diagnosis.stragglers import (
     SEQUENTIAL_STREAMS,
@@ -18,7 +19,7 @@ from fleetscope.server.diagnosis.stragglers import (
 )
 
 from fleetscope.topology import Topology
-from tests.helpers.synthetic import MS, breakdown_from_parts
+from tests.helpers.synthetic import MS
 
 TOPO = Topology(dp=16, tp=4, pp=2)  # 128 ranks, 64 per stage
 ONSET = 10
@@ -44,7 +45,14 @@ def _frame(steps: int, sigma: float, seed: int, slow: tuple[int, float] | None =
     dl = 5 * MS * (1 + rng.exponential(0.3, (n, steps))) * phase
     opt = 4 * MS * np.exp(0.1 * rng.standard_normal((n, steps))) * phase
     unt = 1 * MS * np.exp(0.3 * rng.standard_normal((n, steps)))
-    return breakdown_from_parts(comp, dl, opt, unt)
+    busy = comp + dl + opt + unt
+    step = np.broadcast_to(busy.max(axis=0) * 1.5, (n, steps))
+    rk, st = np.meshgrid(np.arange(n), np.arange(steps), indexing="ij")
+    cols = {"rank": rk.ravel(), "step": st.ravel(), "step_ns": step.ravel(), "comm_ns": (step - busy).ravel(),
+            "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(), "compute_ns": comp.ravel(),
+            "dataloader_ns": dl.ravel(), "optimizer_ns": opt.ravel(), "other_ns": 0.0,
+            "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0, "num_collectives": 10}
+    return pd.DataFrame(cols)[list(BREAKDOWN_COLUMNS)]
 
 
 def _passes(bd: pd.DataFrame, steps: int, state: StragglerState | None, start: int = 12):

@@ -32,7 +32,7 @@ from fleetscope.server.diagnosis.stragglers import (
 )
 
 from fleetscope.topology import Topology
-from tests.helpers.synthetic import MS, breakdown_from_parts
+from tests.helpers.synthetic import MS
 
 DATA = Path(__file__).parent / "data" / "sequential"
 TOPO8 = Topology(dp=2, tp=2, pp=2)
@@ -108,8 +108,15 @@ def _synth(topo: Topology, steps: int, sigma: float, seed: int, slow: dict[int, 
     dl = 1 * MS * (1 + rng.exponential(0.5, (n, steps)))
     opt = 6 * MS * np.exp(0.3 * rng.standard_normal((n, steps)))
     unt = 1 * MS * np.exp(0.3 * rng.standard_normal((n, steps)))
-    return breakdown_from_parts(comp, dl, opt, unt,
-                                extra={"end_ms": lambda rk, st: (st + 1) * 500.0 + rk})
+    busy = comp + dl + opt + unt
+    step = np.broadcast_to(busy.max(axis=0) * 1.5, (n, steps))
+    rk, st = np.meshgrid(np.arange(n), np.arange(steps), indexing="ij")
+    cols = {"rank": rk.ravel(), "step": st.ravel(), "step_ns": step.ravel(), "comm_ns": (step - busy).ravel(),
+            "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(), "compute_ns": comp.ravel(),
+            "dataloader_ns": dl.ravel(), "optimizer_ns": opt.ravel(), "other_ns": 0.0,
+            "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0, "num_collectives": 10,
+            "end_ms": (st.ravel() + 1) * 500.0 + rk.ravel()}
+    return pd.DataFrame(cols)[[*BREAKDOWN_COLUMNS, "end_ms"]]
 
 
 @pytest.mark.parametrize("layout,rank,seed,factor,within", [

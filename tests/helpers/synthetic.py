@@ -161,27 +161,3 @@ COLLECTIVE_COLUMNS = ("job", "attempt", "rank", "host", "step", "microbatch", "g
                       "completed_ns", "duration_ns")
 STEP_COLUMNS = ("job", "attempt", "rank", "host", "step", "start_ns", "end_ns", "duration_ns", "num_microbatches",
                 "tokens", "loss")
-
-
-def breakdown_from_parts(comp: np.ndarray, dl: np.ndarray, opt: np.ndarray, unt: np.ndarray,
-                         wait_factor: float = 1.5, extra: dict | None = None) -> pd.DataFrame:
-    """A rank-step breakdown frame (``BREAKDOWN_COLUMNS``) from per-rank, per-step
-    (ranks x steps) compute, data-loader, optimizer and untimed work in ns: every
-    rank's step lasts the slowest rank's work times ``wait_factor``, the rest waits in
-    communication. ``extra`` maps more column names to functions of (rank, step) grids
-    (flattened), appended after the breakdown's columns."""
-    from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
-
-    n, steps = comp.shape
-    busy = comp + dl + opt + unt
-    step = np.broadcast_to(busy.max(axis=0) * wait_factor, (n, steps))
-    rk, st = np.meshgrid(np.arange(n), np.arange(steps), indexing="ij")
-    cols = {"rank": rk.ravel(), "step": st.ravel(), "step_ns": step.ravel(), "comm_ns": (step - busy).ravel(),
-            "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(), "compute_ns": comp.ravel(),
-            "dataloader_ns": dl.ravel(), "optimizer_ns": opt.ravel(), "other_ns": 0.0,
-            "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0, "num_collectives": 10}
-    names = list(BREAKDOWN_COLUMNS)
-    for name, fn in (extra or {}).items():
-        cols[name] = fn(rk.ravel(), st.ravel())
-        names.append(name)
-    return pd.DataFrame(cols)[names]
