@@ -17,7 +17,7 @@ measured and the time from fault onset (the rank's own step records in the spool
 the first matching incident and to the webhook; under each straggler run, the per-step
 noise of the injected component (robust sigma of its log ratio to the stage peers, from the
 spool), the injected rank's median ratio after onset and the steps the CUSUM needs to name
-a 1.2x at that noise (against the run's steps after onset). At the end: precision and recall per
+a 1.2x at that noise (the diagnosis window is 24 steps). At the end: precision and recall per
 scenario class and overall with Wilson 95% lower bounds, hang/crash culprit accuracy
 (final incident and first page), and the targets.
 
@@ -27,7 +27,6 @@ scenario class and overall with Wilson 95% lower bounds, hang/crash culprit accu
     .venv/bin/python bench/diagnosis.py --list           # scenario names and classes
     .venv/bin/python bench/diagnosis.py --sweep          # detection floor vs timing noise (synthetic)
     .venv/bin/python bench/diagnosis.py --detector-timing 12288   # pure straggler pass at 12,288 ranks
-    .venv/bin/python bench/diagnosis.py --carried-sweep  # carried passes: steps to name, clean passes
 
 Exit status 1 when a target is missed.
 """
@@ -114,10 +113,6 @@ SCENARIOS = [
     Scenario("compute-stage0", [_s(1, 1.5)], SC, {1}, 8, factor=1.5, paired=True),
     Scenario("compute-stage1", [_s(6, 1.5)], SC, {6}, 8, factor=1.5, paired=True),
     Scenario("compute-stage1-1.2x", [_s(5, 1.2)], SC, {5}, 8, factor=1.2, paired=True),
-    # a 1.2x long enough for the CUSUM carried across passes at the 2-shared-core noise
-    # (sigma ~0.3-0.4: 110-200 steps of evidence; no 24-step window holds that)
-    Scenario("compute-stage1-1.2x-long", [_s(5, 1.2)], SC, {5}, 8, factor=1.2, paired=True, steps=260,
-             timeout_s=600.0),
     Scenario("compute-stage0-1.1x", [_s(3, 1.1)], SC, {3}, 8, factor=1.1, paired=True, steps=48),
     Scenario("dp4xpp2-stage0-1.3x", [_s(2, 1.3)], SC, {2}, 8, layout=(4, 1, 2), factor=1.3, paired=True),
     Scenario("tp4xpp2-stage1-1.3x", [_s(6, 1.3)], SC, {6}, 8, layout=(1, 4, 2), factor=1.3, paired=True),
@@ -586,8 +581,7 @@ def print_row(sc: Scenario, r: Result) -> None:
     if r.noise:
         print(f"    noise: per-step log-ratio sigma {r.noise['sigma']}, injected rank's median ratio after onset "
               f"{r.noise['ratio']}, CUSUM needs ~{r.noise['cusum_steps_1.2x']:g} steps for 1.2x at this noise "
-              f"(this run has {sc.steps - sc.onset_step} steps after onset; the CUSUM is carried across "
-              f"passes); load average (1 min) {r.load_1m}", flush=True)
+              f"(window 24); load average (1 min) {r.load_1m}", flush=True)
     if r.stages:
         print(f"    {r.detected_by or 'hang'}: " + ", ".join(f"{k} {v}" for k, v in r.stages.items())
               + f"; paged culprits {r.paged_culprits} (+{r.paged_corrections} corrections);"
@@ -627,93 +621,17 @@ def sweep(seeds: int = 5) -> int:
     return 0
 
 
-def carried_sweep(seeds: int = 4, steps: int = 300) -> int:
-    """The diagnosis loop's carried passes on synthetic frames (no I/O): steps from onset
-    until a 1.2x compute straggler is named (128 ranks dp16 tp4 pp2, compute noise s = 0.3,
-    one host's 4 ranks 3x as noisy, every rank 2x slow over steps 60-90, a pass every 4
-    steps - tests/test_sequential_carry.py's frames), and a 1.6x / 1.84x one on 8 ranks
-    (2x2x2) at the real e2e job's noise (s ~0.45, a pass per 1 s tick at 2 steps/s -
-    tests/test_sequential_real8.py's); then the same frames without the straggler:
-    findings over every pass. Exit 1 on any false finding or wrong rank."""
-    import statistics
-
-    import pandas as pd
-    from fleetscope.server.diagnosis.stragglers import StragglerState, detect_stragglers
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests
-    from fleetscope.topology import Topology
-    from tests.test_sequential_carry import EVERY, ONSET, TOPO, _frame
-    from tests.test_sequential_real8 import TOPO8, _replay, _synth
-
-    bad = 0
-
-    def carried_128(bd: pd.DataFrame) -> list[tuple[int, list]]:
-        state = StragglerState()
-        return [(end, detect_stragglers("b", TOPO, bd[bd.step <= end], pd.DataFrame(), state=state))
-                for end in range(12, steps, EVERY)]
-
-    delays: list[float] = []
-    for seed in range(seeds):
-        found = None
-        for end, fs in carried_128(_frame(steps, 0.3, seed, slow=(77, 1.2))):
-            named = {r for f in fs for r in f.ranks}
-            bad += len(named - {77})
-            if 77 in named:
-                found = end - ONSET + 1, next(f.factor for f in fs if f.ranks == (77,))
-                break
-        delays.append(found[0] if found else math.inf)
-        print(f"  128 ranks, s 0.3, 1.2x, seed {seed}: "
-              + (f"named after {found[0]} steps, factor {found[1]}" if found else f"not named in {steps} steps"),
-              flush=True)
-    finite = [d for d in delays if math.isfinite(d)]
-    print(f"1.2x at s 0.3 (128 ranks): median {statistics.median(delays):g} steps after onset "
-          f"({len(finite)}/{len(delays)} named; {statistics.median(delays) / 2:g} s at 2 steps/s)", flush=True)
-    passes = false = 0
-    for seed in range(seeds):
-        for sigma in (0.3, 0.5):
-            for _end, fs in carried_128(_frame(steps, sigma, seed)):
-                passes += 1
-                false += len(fs)
-    print(f"128 ranks clean, s 0.3 and 0.5, {seeds} seeds: {false} findings over {passes} passes", flush=True)
-    bad += false
-    for factor in (1.6, 1.84):
-        small: list[float] = []
-        for seed in range(seeds):
-            bd = _synth(TOPO8, 140, 0.3, seed, {5: factor})
-            first = None
-            for _t, last, fs in _replay(bd, TOPO8):
-                bad += sum(f.ranks != (5,) for f in fs)
-                if first is None and any(f.ranks == (5,) for f in fs):
-                    first = last - 4
-            small.append(first if first is not None else math.inf)
-        print(f"8 ranks, real-like noise, {factor}x: steps after onset until named {small} "
-              f"(median {statistics.median(small):g})", flush=True)
-    passes = false = 0
-    for seed in range(seeds):
-        for layout in ((2, 2, 2), (1, 2, 2), (4, 1, 2)):
-            topo = Topology(dp=layout[0], tp=layout[1], pp=layout[2])
-            for _t, _last, fs in _replay(_synth(topo, 140, 0.3, seed, {}), topo):
-                passes += 1
-                false += len(fs)
-    print(f"4-16 ranks clean, real-like noise, {seeds} seeds x 3 layouts: {false} findings over {passes} passes; "
-          f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
-    bad += false
-    return 1 if bad else 0
-
-
 def detector_timing(world: int = 12_288, steps: int = 32, repeat: int = 3) -> int:
     """Pure straggler-detector pass time (``detect_stragglers`` alone, no I/O) on a
     per-rank-per-step frame of ``world`` ranks (tp4 x pp2 x dp) and ``steps`` steps (the detector
     judges the latest 24): compute
     with lognormal noise 0.1 (0.3 on one host's 8 ranks), every rank 2x slow for the middle
-    third, a 1.2x compute straggler on rank 1001 from step ``steps // 4``. Then the diagnosis
-    loop's way: the CUSUM carried from pass to pass (:class:`StragglerState`), each pass one
-    step newer (first pass: the window's steps folded; later ones: one). Exit 1 when the
-    straggler is not the only finding of either."""
+    third, a 1.2x compute straggler on rank 1001 from step ``steps // 4``. Exit 1 when the
+    straggler is not the only finding."""
     import numpy as np
     import pandas as pd
     from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
-    from fleetscope.server.diagnosis.stragglers import StragglerState, detect_stragglers
+    from fleetscope.server.diagnosis.stragglers import detect_stragglers
 
     from fleetscope.topology import Topology
 
@@ -745,23 +663,7 @@ def detector_timing(world: int = 12_288, steps: int = 32, repeat: int = 3) -> in
     print(f"{world} ranks x {steps} steps: detect_stragglers min {times[0]:.2f} s, median {times[len(times) // 2]:.2f} s "
           f"over {len(times)} passes; findings {[(f.kind.value, f.ranks, f.factor) for f in found]}; "
           f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    # the diagnosis loop's passes: the CUSUM carried from pass to pass, one new step each
-    state = StragglerState()
-    ends = list(range(steps - 1 - max(repeat, 1), steps))
-    frames = {e: bd[bd["step"] <= e] for e in ends}
-    carried, folded, cfound = [], [], []
-    for e in ends:
-        t = time.perf_counter()
-        cfound = detect_stragglers("timing", topo, frames[e], pd.DataFrame(), state=state)
-        carried.append(time.perf_counter() - t)
-        folded.append(state.folded_steps)
-    steady = sorted(carried[1:])
-    print(f"  carried CUSUM: first pass {carried[0]:.2f} s ({folded[0]} steps folded), then median "
-          f"{steady[len(steady) // 2]:.2f} s per pass ({sorted(set(folded[1:]))} new steps folded each); "
-          f"state {state.nbytes / 1e6:.2f} MB; findings {[(f.kind.value, f.ranks, f.factor) for f in cfound]}; "
-          f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    ok = [f.ranks for f in found] == [(1001 % world,)] and [f.ranks for f in cfound] == [(1001 % world,)]
-    return 0 if ok else 1
+    return 0 if [f.ranks for f in found] == [(1001 % world,)] else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -775,14 +677,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--detector-timing", type=int, metavar="RANKS", default=0,
                     help="only time the pure straggler detector on a synthetic RANKS x 32-step frame "
                          "(e.g. 12288); exit 1 unless its 1.2x straggler is the only finding")
-    ap.add_argument("--carried-sweep", action="store_true",
-                    help="only the carried straggler test on synthetic frames: steps to name a 1.2x "
-                         "(128 ranks) and 1.6x/1.84x (8 ranks), findings on clean runs over every pass")
     args = ap.parse_args(argv)
     if args.sweep:
         return sweep()
-    if args.carried_sweep:
-        return carried_sweep(max(args.seeds, 1) if args.seeds != 2 else 4)
     if args.detector_timing:
         if args.detector_timing % 8 or args.detector_timing < 16:
             ap.error(f"--detector-timing must be a multiple of 8 and >= 16, got {args.detector_timing}")

@@ -23,7 +23,7 @@ from .loader import JobFrames
 from .mfu import MfuConfig, detect_mfu_drop, mfu_series
 from .progress import progress_stall
 from .story import fold_secondary
-from .stragglers import StragglerConfig, StragglerState, detect_stragglers
+from .stragglers import StragglerConfig, detect_stragglers
 from .whatif import StepProfile, op_noise, profile_from_frames
 
 
@@ -186,9 +186,8 @@ def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
 
 def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
              config: DiagnosisConfig = DiagnosisConfig(),
-             previous: HangAnalysis | None = None, state: StragglerState | None = None) -> JobDiagnosis:
-    """All findings for one job at ``now_ns``, strongest first within each detector
-    (``state``: the job's sequential straggler test carried from its previous passes)."""
+             previous: HangAnalysis | None = None) -> JobDiagnosis:
+    """All findings for one job at ``now_ns``, strongest first within each detector."""
     topo = info.topology
     hosts = frames.hosts
     red = frames.reduced
@@ -205,8 +204,7 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
         profile = build_profile_reduced(info, red, bd, arr, config.stragglers.recent_steps)
     else:
         profile = build_profile(info, frames, bd, arr, config.stragglers.recent_steps)
-    findings = detect_stragglers(info.job, topo, bd, arr, profile, hosts, config.stragglers, state,
-                                 frames.attempt)
+    findings = detect_stragglers(info.job, topo, bd, arr, profile, hosts, config.stragglers)
     if red is not None:
         add_arrival_evidence(findings, red, bd, config.stragglers)
         findings += detect_mismatches(info.job, red.mismatch_rows)

@@ -34,7 +34,7 @@ from .incidents import IncidentSink, sync_incidents
 from .loader import load_reduced_frames
 from .periodic import PeriodicAlertingService
 from .rollups import StepCache
-from .stragglers import StragglerConfig, StragglerState
+from .stragglers import StragglerConfig
 
 log = logging.getLogger(__name__)
 
@@ -85,17 +85,15 @@ def job_info(row: Job) -> JobInfo:
 
 def diagnose_job(store: Any, info: JobInfo, now_ns: int, config: DiagnosisConfig,
                  host_seen_ns: dict[str, int] | None = None, cache: StepCache | None = None,
-                 previous: Any = None, job_seen_ns: int = 0,
-                 state: StragglerState | None = None) -> JobDiagnosis:
+                 previous: Any = None, job_seen_ns: int = 0) -> JobDiagnosis:
     """Load one job's window, reduced by the store (:mod:`.rollups`), and run every detector
-    (``previous``: the job's previous hang analysis, for culprit stickiness; ``state``: its
-    sequential straggler test carried from the previous passes)."""
+    (``previous``: the job's previous hang analysis, for culprit stickiness)."""
     frames = load_reduced_frames(store, info.job, now_ns, cache if cache is not None else _DEFAULT_CACHE,
                                  info.topology.world_size, info.num_microbatches,
                                  window_steps=config.stragglers.window_steps)
     frames.host_seen_ns = dict(host_seen_ns or {})
     frames.job_seen_ns = job_seen_ns
-    return diagnose(info, frames, now_ns, config, previous, state)
+    return diagnose(info, frames, now_ns, config, previous)
 
 
 class DiagnosisLoop(PeriodicAlertingService):
@@ -135,10 +133,6 @@ class DiagnosisLoop(PeriodicAlertingService):
         self._locks_guard = threading.Lock()
         self._closed: dict[str, int] = {}
         """finished job -> its ``updated_ns`` when its incidents were resolved."""
-        self.sequential: dict[str, StragglerState] = {}
-        """job -> its sequential straggler test, carried from pass to pass (O(ranks x 5)
-        floats each; dropped when the job ends, leaves the active list or goes to another
-        worker; lost on restart, when the first pass rebuilds it from the window)."""
 
     async def prepare(self) -> None:
         await asyncio.to_thread(self._install_defaults)
@@ -183,8 +177,6 @@ class DiagnosisLoop(PeriodicAlertingService):
         self._closed = {k: v for k, v in self._closed.items() if k in by_id}
         self._last_tick = {k: v for k, v in self._last_tick.items() if k in by_id}
         self._same_hang = {k: v for k, v in self._same_hang.items() if k in by_id}
-        for k in [k for k in list(self.sequential) if k not in by_id]:  # in place: a pass thread writes too
-            self.sequential.pop(k, None)
         queued = 0
         for j in jobs:
             if j.status == "finished" and self._closed.get(j.id) != j.updated_ns:
@@ -245,7 +237,6 @@ class DiagnosisLoop(PeriodicAlertingService):
             if not self._claim(row.id):  # another worker diagnoses this job
                 self._due_ns.pop(row.id, None)
                 self.cache.drop(row.id)
-                self.sequential.pop(row.id, None)
                 return 0
             return fn(row)
         except Exception:
@@ -268,8 +259,7 @@ class DiagnosisLoop(PeriodicAlertingService):
         self._due_ns.pop(row.id, None)
         final: list = []
         try:
-            result = diagnose_job(self.app.state.store, job_info(row), now, self.config, cache=self.cache,
-                                  state=self.sequential.get(row.id))
+            result = diagnose_job(self.app.state.store, job_info(row), now, self.config, cache=self.cache)
             self.latest[row.id] = result
             final = [f for f in result.findings if f.kind not in POST_MORTEM_SKIP]
         except Exception:
@@ -281,7 +271,6 @@ class DiagnosisLoop(PeriodicAlertingService):
             queued = sum(self.sink.notify(s, ch.incident, now) for ch in changes)
         self._closed[row.id] = row.updated_ns
         self.cache.drop(row.id)
-        self.sequential.pop(row.id, None)
         self._wake_dispatcher(queued)
         return queued
 
@@ -290,10 +279,8 @@ class DiagnosisLoop(PeriodicAlertingService):
         now_ns = time.time_ns()
         info = job_info(row)
         prev = self.latest.get(info.job)
-        state = self.sequential.setdefault(info.job, StragglerState())
         result = diagnose_job(self.app.state.store, info, now_ns, self.config, self._host_seen(),
-                              self.cache, prev.hang if prev is not None else None, self._job_seen(info.job),
-                              state)
+                              self.cache, prev.hang if prev is not None else None, self._job_seen(info.job))
         self.latest[info.job] = result
         self._set_lost(row, result.findings)
         self._last_tick[info.job] = self.num_ticks

@@ -25,8 +25,7 @@ Method (no per-scenario tuning; every threshold comes from the data's own noise)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from statistics import NormalDist
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -36,7 +35,7 @@ from fleetscope.topology import Topology
 from .breakdown import group_transfer
 from .findings import Finding, FindingKind, Severity
 from .robust import MAD_TO_SIGMA, MEDIAN_SE_FACTOR, diff_sigma, mad_sigma
-from .sequential import CusumConfig, CusumResult, CusumState, cusum
+from .sequential import CusumConfig, CusumResult, cusum
 from .whatif import StepProfile, rank_stages, whatif
 
 COMPONENT_KIND = {
@@ -57,53 +56,6 @@ COMPONENT_NAME = {
     "other_ns": "other timed host work",
 }
 """The operator's word for each component of own work (``Finding.component``)."""
-
-
-SEQUENTIAL_STREAMS = ("busy_ns", *MEASURED)
-"""The CUSUM's streams per rank: own work and each measured component."""
-
-
-@dataclass
-class StragglerState:
-    """The sequential test carried across passes of one job attempt (the diagnosis loop
-    keeps one per job, :class:`.loop.DiagnosisLoop`): per stream, the CUSUM statistic and
-    its change point of every rank, and the level of its excursion since, for each drift -
-    O(ranks x 5 x 2 x 4) numbers, whatever the history.
-
-    A pass folds only the steps it has not folded yet, and only *completed* ones: a step
-    every rank has moved past (each rank has a row for a later step), so no rank's row of
-    it can still grow. A step that completes after a later one was folded (it arrived late,
-    out of order) is never folded: no step counts twice, its evidence is lost. A new
-    attempt, or any change of the judged ranks or of their stages, starts afresh. Nothing
-    is persisted: after a restart the first pass folds the whole window again (the
-    stateless test's evidence)."""
-
-    key: tuple = field(default=(), repr=False)
-    """(attempt, ranks and their stages) the statistics belong to."""
-    last_step: int = -1
-    """Newest step folded."""
-    streams: dict[str, CusumState] = field(default_factory=dict, repr=False)
-    folded_steps: int = 0
-    """Steps folded by the latest pass (its cost is ranks x this x streams)."""
-    total_folded: int = 0
-    resets: int = 0
-    scans: dict[str, tuple[np.ndarray, ...]] = field(default_factory=dict, repr=False)
-    """Per stream, the window scans' verdict at the newest judged step: a pass with no new
-    completed step runs no scan and keeps it (the step was judged once already)."""
-
-    def bind(self, key: tuple, num_ranks: int) -> None:
-        """Start afresh unless the statistics belong to ``key``."""
-        if key == self.key and all(st.evidence.shape == (num_ranks,) for st in self.streams.values()):
-            return
-        self.resets += bool(self.key)
-        self.key, self.last_step, self.total_folded = key, -1, 0
-        self.streams = {c: CusumState.empty(num_ranks) for c in SEQUENTIAL_STREAMS}  # + a drift's on first use
-        self.scans = {}
-
-    @property
-    def nbytes(self) -> int:
-        return sum(st.evidence.nbytes + st.onset_step.nbytes + st.level_sum.nbytes + st.level_steps.nbytes
-                   for st in self.streams.values() if st.level_sum is not None and st.level_steps is not None)
 
 
 @dataclass(frozen=True)
@@ -148,20 +100,6 @@ class StragglerConfig:
     spike_alpha: float = 1e-3
     """GC-like pauses: a rank's spike count must be this unlikely under the other ranks'
     spike rate (Poisson), so machine-load spikes scattered over ranks name nobody."""
-    scan_alpha: float = 1e-4
-    """Carried passes (a diagnosis loop's): P(any false finding of the window scans at a
-    given step of a 12,288-rank job) (``cusum.fleet_ranks``). Each step is judged once,
-    as the newest completed step of the pass that first sees it (a pass with no new
-    completed step runs no scan), and ``scan_alpha`` is split (Bonferroni) over the
-    fleet's ranks, the streams, the scans' tests and run lengths: the median test at
-    z = Phi^-1(1 - level), the exceedance test at ``level``, the slowest-of-stage test at
-    ``scan_alpha / (ranks x streams)``. A single stateless look keeps the per-look levels
-    above (``scan_z``, ``level_alpha``, ``top_alpha``)."""
-    fast_factors: tuple[float, ...] = (1.7,)
-    """Besides the CUSUM tuned for 1.2x, one per factor here with drift ln(f) / 2: at the
-    noise of 2 shared CPU cores (sigma ~0.45) the 1.2x CUSUM needs ~60 steps of a 1.6x rank
-    even at its Gaussian weight, this one ~35 (the delay is least at drift d / 2);
-    Bonferroni over all of them (ln 2 on the threshold)."""
     cusum: CusumConfig = CusumConfig()
     """The CUSUM test (:mod:`.sequential`) run beside the scans on own work and each
     measured component: drift ln 1.1, false-alarm rate 1e-4 per step at 12,288 ranks."""
@@ -281,8 +219,6 @@ def detect_stragglers(
     profile: StepProfile | None = None,
     hosts: dict[int, str] | None = None,
     config: StragglerConfig = StragglerConfig(),
-    state: StragglerState | None = None,
-    attempt: int = 0,
 ) -> list[Finding]:
     """Persistent stragglers, GC-like pauses and slow links in the latest window.
 
@@ -294,9 +230,6 @@ def detect_stragglers(
         profile: what-if profile of the same window (for the estimated slowdown).
         hosts: rank -> host name, for the findings.
         config: thresholds.
-        state: the job's sequential test carried from its previous passes (updated in
-            place); without it the CUSUM starts afresh on the window.
-        attempt: the job attempt (a new one resets ``state``).
 
     Returns:
         Findings, strongest first.
@@ -320,53 +253,9 @@ def detect_stragglers(
     k = min(config.recent_steps, len(steps))
     thr = max(math.log1p(config.min_effect), config.z * MEDIAN_SE_FACTOR * sigma / math.sqrt(k))
     num_tests = 1 + len(MEASURED)  # own work and each measured component: C of the Bonferroni
-    memo: dict[tuple[str, int], tuple[float, np.ndarray]] = {}
-
-    def noise(c: str, x: np.ndarray, end: int) -> tuple[float, np.ndarray]:
-        """(pooled, per-rank) noise of stream ``c``'s first ``end`` columns, once per pass."""
-        if (c, end) not in memo:
-            memo[(c, end)] = _robust_sigma(x[:, :end]), _row_sigma(x[:, :end])
-        return memo[(c, end)]
-
-    seq_cols = _fold_range(state, attempt, topo, ranks, steps, breakdown[breakdown["rank"].isin(ranks)])
-    scans = _scan_plan(seq_cols, len(steps), topo.world_size, num_tests, config)
-
-    def scan(c: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The window scans on the steps this pass judges; with none new, the verdict of
-        the pass that judged the newest (nothing flagged when there is none)."""
-        end, levels, _ = scans
-        if end == 0:
-            if state is not None and c in state.scans:
-                hit, sc, run = state.scans[c]
-                return hit.copy(), sc.copy(), run.copy()
-            z = np.zeros(x.shape[0])
-            return z.astype(bool), z, z.astype(np.int64)
-        pooled, row = noise(c, x, end)
-        if levels is not None:  # a rank's own noise: the upper bound of its estimate
-            row = row * (1 + ROW_SIGMA_UCB_Z * ROW_SIGMA_REL_SE / math.sqrt(max(end - 1, 1)))
-        out = _scan(x[:, :end], pooled, config, row, levels, pooled_is_own=True)
-        if state is not None and levels is not None:
-            state.scans[c] = tuple(a.copy() for a in out)
-        return out
-
-    persistent, score_busy, run_busy = scan("busy_ns", lr)
-
-    drifts = _drifts(config)
-
-    def sequential(c: str, x: np.ndarray) -> CusumResult:
-        """The stream's CUSUMs (one per drift, Bonferroni over them), joined per rank."""
-        tests = num_tests * len(drifts)
-        if seq_cols is None or state is None:
-            pooled, row = noise(c, x, x.shape[1])
-            return _join_cusums([cusum(x, pooled, tests, topo.world_size, cfg, row, steps=np.asarray(steps))
-                                 for cfg in drifts])
-        a, b = seq_cols
-        pooled, row = noise(c, x, b)  # the noise of the completed steps only
-        carried = [state.streams.setdefault(_key(c, j), CusumState.empty(x.shape[0])) for j in range(len(drifts))]
-        return _join_cusums([cusum(x, pooled, tests, topo.world_size, cfg, row, state=st, new_from=a, new_to=b,
-                                   steps=np.asarray(steps)) for cfg, st in zip(drifts, carried)])
-
-    cus: dict[str, CusumResult] = {"busy_ns": sequential("busy_ns", lr)}
+    pooled, row = _robust_sigma(lr), _row_sigma(lr)
+    persistent, score_busy, run_busy = _scan(lr, pooled, config, row)
+    cus: dict[str, CusumResult] = {"busy_ns": cusum(lr, pooled, num_tests, topo.world_size, config.cusum, row)}
     persistent, score_busy, run_busy = _with_cusum(persistent, score_busy, run_busy, cus["busy_ns"])
     # per rank: its own noise (MAD about its median; sparse pauses barely move it) when
     # larger than the pool's, so a rank on a noisy host does not count its noise as pauses
@@ -390,30 +279,17 @@ def detect_stragglers(
     for c in MEASURED:
         lr_c = _log_ratio(comps[c], comp_refs[c])
         comp_lr[c] = lr_c
-        hit, sc, run = scan(c, lr_c)
-        cus[c] = sequential(c, lr_c)
+        pooled, row = _robust_sigma(lr_c), _row_sigma(lr_c)
+        hit, sc, run = _scan(lr_c, pooled, config, row)
+        cus[c] = cusum(lr_c, pooled, num_tests, topo.world_size, config.cusum, row)
         hit, sc, run = _with_cusum(hit, sc, run, cus[c])
-        end, _, top_alpha = scans
-        if end:
-            top = _top_test(comps[c][:, :end], groups, config, top_alpha)
-            if state is not None and top_alpha is not None:
-                state.scans["top:" + c] = (top.copy(),)
-        else:
-            kept = state.scans.get("top:" + c) if state is not None else None
-            top = kept[0].copy() if kept else np.zeros(len(ranks), dtype=bool)
+        top = _top_test(comps[c], groups, config)
         run = np.where(hit, run, np.where(top, min(config.top_steps, len(steps)), k))
         ex_c = _tail_medians(comps[c] - comp_refs[c], run)
         material = np.maximum(config.min_effect * _tail_medians(ref, run), config.min_step_frac * step_ns)
         comp_hit[c] = (hit | top) & (ex_c >= material)
         comp_score[c], comp_run[c] = sc, run
-    if seq_cols is not None and state is not None:
-        state.folded_steps = seq_cols[1] - seq_cols[0]
-        state.total_folded += state.folded_steps
-        if seq_cols[1] > 0:
-            state.last_step = max(state.last_step, int(steps[seq_cols[1] - 1]))
     suspects = [r for r in ranks if persistent[idx[r]] or any(comp_hit[c][idx[r]] for c in comp_hit)]
-    # each rank's noise on its own work (the change point's clip)
-    sigma_s = np.maximum(*noise("busy_ns", lr, len(steps)))
     evidence = _arrival_evidence(arrivals, steps[-k:])
     waiting = _waiting_peers(arrivals, steps[-k:])
     findings: list[Finding] = []
@@ -424,24 +300,20 @@ def detect_stragglers(
             lead = None if persistent[i] else max(hits, key=lambda c: comp_score[c][i])
             n = int(run_busy[i]) if lead is None else int(comp_run[lead][i])
             n = max(n, min(config.scan_min_steps, len(steps)))
-            # onset: the CUSUM's change point when the CUSUM names the rank, else the
-            # window's change point of the flagged series (:func:`_change_point`): the
-            # steps a test flagged are the latest few it needed, not all the slow ones, and
-            # a factor read over 4 noisy steps is off by a third
+            # onset: the CUSUM's change point when the CUSUM names the rank, else where the
+            # final run of steps above half the run's median effect begins
             series = lr[i] if lead is None else comp_lr[lead][i]
-            first = steps[_change_point(series, n, float(np.maximum(sigma_s[i], 1e-3)), config)]
+            half = max(float(np.median(series[-n:])) / 2, math.log1p(config.min_effect) / 2)
+            above = series > half
+            first = steps[_run_start(above)] if above[-1] else steps[-n]
             # the strongest CUSUM that names the rank (own work or a component) dates it
             named = [k for k in ("busy_ns", *hits) if cus[k].hit[i]]
             seq = cus[max(named, key=lambda k: cus[k].score[i])] if named else cus[
                 "busy_ns" if lead is None else lead]
             if seq.hit[i]:
                 first = steps[int(seq.onset[i])]
-            # the magnitudes are measured over the steps since the onset (not before it, and
-            # within the window), each against the stage peers' same steps; a carried change
-            # point may predate the window
+            # the magnitudes are measured over the steps since the onset (not before it)
             n = max(len(steps) - steps.index(first), min(config.scan_min_steps, len(steps)))
-            if seq.hit[i] and seq.onset_step is not None and 0 <= seq.onset_step[i] < first:
-                first = int(seq.onset_step[i])
             ex = {c: float(np.median(comps[c][i, -n:] - comp_refs[c][i, -n:])) for c in COMPONENT_KIND}
             pick = ex if persistent[i] else {c: ex[c] for c in hits}
             comp = max(pick, key=lambda c: pick[c])
@@ -450,45 +322,17 @@ def detect_stragglers(
             excess_ns = float(np.median(busy[i, -n:] - ref[i, -n:]))
             factor = _factor(comps[comp][i, -n:], comp_refs[comp][i, -n:])
             busy_factor = _factor(busy[i, -n:], ref[i, -n:])
-            factor_steps = n
-            # this component's CUSUM is in an excursion longer than the window's post-onset
-            # steps: its mean since its change point, over every step of the excursion (a
-            # 24-step window's median is +-12% at sigma 0.45, and a test crosses its
-            # threshold on a run of high draws) - when the slowdown is a shift: the window's
-            # post-onset mean of log ratios is within 2 standard errors of their median, and
-            # the carried mean within 3 of it (an intermittent stall's mean of logs is far
-            # below its median: then the window's median speaks, as the factor is defined)
-            carried_level = cus[comp].level if comp in cus else None
-            carried_steps = cus[comp].level_steps if comp in cus else None
-            if (carried_level is not None and carried_steps is not None
-                    and carried_steps[i] > n and np.isfinite(carried_level[i]) and factor > 0):
-                own = float(noise(comp, comp_lr[comp], len(steps))[1][i]) if comp in comp_lr else 0.0
-                se = MEDIAN_SE_FACTOR * max(own, float(sigma_s[i])) / math.sqrt(n)
-                a_, b_ = comps[comp][i, -n:], comp_refs[comp][i, -n:]
-                ok_ = (a_ > 0) & (b_ > 0)
-                w = np.log(a_[ok_] / b_[ok_]) if ok_.any() else np.zeros(1)
-                shift = abs(float(np.mean(w)) - float(np.median(w))) <= 2 * se
-                if shift and abs(float(carried_level[i]) - math.log(factor)) <= 3 * se:
-                    factor, factor_steps = math.exp(float(carried_level[i])), int(carried_steps[i])
-            measured = ((comps[comp][i, -n:] > 0) & (comp_refs[comp][i, -n:] > 0)).mean() >= 0.5
-            if measured and factor < 1 + config.min_effect:
-                # a slowdown its own post-onset steps do not show (the component is no
-                # slower than its peers' same steps) is no finding: a test's run of a few
-                # steps was noise, or the slow part is another component's
-                continue
             base = _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, sigma, thr)
             base.update(evidence.get(r, {}))
             base["significant_components"] = [c[:-3] for c in hits]
             base.update(component=COMPONENT_NAME[comp], factor=round(factor, 3),
-                        own_work_factor=round(busy_factor, 3), judged_steps=n, factor_steps=factor_steps,
+                        own_work_factor=round(busy_factor, 3), judged_steps=n,
                         component_ms=round(float(np.median(comps[comp][i, -n:])) / 1e6, 3),
                         peer_component_ms=round(float(np.median(comp_refs[comp][i, -n:])) / 1e6, 3),
                         waiting_peers=waiting.get(r, []),
                         sequential={"statistic": round(float(seq.stat[i]), 3),
                                     "threshold": round(float(seq.threshold[i]), 3),
-                                    "change_step": _change_step(seq, i, steps), "flagged": bool(seq.hit[i]),
-                                    "carried": state is not None,
-                                    "folded_steps": state.total_folded if state is not None else len(steps)})
+                                    "change_step": steps[int(seq.onset[i])], "flagged": bool(seq.hit[i])})
             f = _finding(job, kind, [r], score, first, steps[-1], hosts, profile,
                          excess_ns / max(step_ns, 1.0), base, "", suspects=suspects)
             findings.append(replace(f, factor=round(factor, 3), component=COMPONENT_NAME[comp],
@@ -513,100 +357,6 @@ def detect_stragglers(
     return sorted(findings, key=lambda f: (-f.est_slowdown, -f.score))
 
 
-def _scan_plan(seq_cols: tuple[int, int] | None, num_steps: int, num_ranks: int, num_streams: int,
-               config: StragglerConfig) -> tuple[int, tuple[float, float] | None, float | None]:
-    """(columns the scans judge, (z, alpha) of the median and exceedance tests, alpha of
-    the slowest-of-stage test) for this pass. A stateless look: the whole window at the
-    per-look levels. A carried pass: the completed steps, only when one is new (each step
-    is judged once, as the newest of its pass), at ``scan_alpha`` split over the fleet's
-    ranks, the streams, the tests and the run lengths (alpha spending per step)."""
-    if seq_cols is None:
-        return num_steps, None, None
-    a, b = seq_cols
-    if b <= a or b < config.min_steps:
-        return 0, None, None
-    per_rank = config.scan_alpha / (max(num_ranks, config.cusum.fleet_ranks) * num_streams)
-    tests = (1 + len(config.levels)) * len(_run_lengths(b, config))
-    level = per_rank / tests
-    return b, (NormalDist().inv_cdf(1 - level), level), per_rank
-
-
-def _fold_range(state: StragglerState | None, attempt: int, topo: Topology, ranks: list[int],
-                steps: list[int], bd: pd.DataFrame) -> tuple[int, int] | None:
-    """Columns [a, b) of the window the carried CUSUM folds this pass: the completed steps
-    (every rank has a row for a later step) newer than the last one folded; binds
-    ``state`` to this attempt and these ranks and stages first (a change starts afresh)."""
-    if state is None:
-        return None
-    r = np.asarray(ranks, dtype=np.int64)
-    state.bind((attempt, topo.world_size, r.tobytes(), rank_stages(topo)[r].astype(np.int64).tobytes()), len(r))
-    newest = bd.groupby("rank")["step"].max()
-    done_upto = int(newest.min()) - 1 if len(newest) == len(ranks) else -1
-    col = np.asarray(steps, dtype=np.int64)
-    b = int(np.searchsorted(col, done_upto, side="right"))
-    a = min(int(np.searchsorted(col, state.last_step, side="right")), b)
-    return a, b
-
-
-def _drifts(config: StragglerConfig) -> list[CusumConfig]:
-    """The CUSUMs run on each stream: drift ``cusum.kappa`` (tuned for 1.2x), then one per
-    ``fast_factors`` (drift ln(f) / 2)."""
-    return [config.cusum, *(replace(config.cusum, kappa=math.log(f) / 2) for f in config.fast_factors)]
-
-
-def _key(stream: str, j: int) -> str:
-    """The carried state's key of drift ``j`` of ``stream`` (the 1.2x one: the stream's name)."""
-    return stream if j == 0 else f"{stream}@{j}"
-
-
-def _join_cusums(res: list[CusumResult]) -> CusumResult:
-    """Several CUSUMs of one stream as one: per rank, the one with the highest score
-    (statistic over threshold) - its statistic, threshold and change point."""
-    if len(res) == 1:
-        return res[0]
-    sc = np.stack([r.score for r in res])
-    best = np.argmax(sc, axis=0)
-    rows = np.arange(sc.shape[1])
-
-    def pick(name: str) -> np.ndarray:
-        return np.stack([getattr(r, name) for r in res])[best, rows]
-
-    def maybe(name: str) -> np.ndarray | None:
-        return pick(name) if all(getattr(r, name) is not None for r in res) else None
-
-    return CusumResult(pick("hit"), pick("stat"), pick("threshold"), pick("onset"), res[0].theta,
-                       res[0].num_steps, maybe("onset_step"), res[0].num_folded, maybe("level"),
-                       maybe("level_steps"))
-
-
-def _change_point(series: np.ndarray, run: int, sigma: float, config: StragglerConfig) -> int:
-    """Column where a rank's slowdown began, in a window whose latest ``run`` steps a test
-    flagged: the maximum-likelihood change point of a mean shift from 0 to ``d`` (``d``:
-    the run's median), argmax_j sum_(t >= j) (x_t - d / 2), with each step clipped to
-    +-3 ``sigma`` so one long step does not move it; never later than the run's start."""
-    num = len(series)
-    run = min(max(run, 1), num)
-    d = max(float(np.median(series[-run:])), math.log1p(config.min_effect))
-    x = np.clip(series, -3 * sigma, 3 * sigma) - d / 2
-    tail = np.cumsum(x[::-1])[::-1]  # tail[j] = sum over t >= j
-    return int(min(int(np.argmax(tail)), num - run))
-
-
-def _change_step(seq: CusumResult, i: int, steps: list[int]) -> int:
-    """The step where rank ``i``'s current excursion began (it may predate the window)."""
-    if seq.onset_step is not None and seq.onset_step[i] >= 0:
-        return int(seq.onset_step[i])
-    return int(steps[int(seq.onset[i])])
-
-
-ROW_SIGMA_REL_SE = 1.166
-"""Relative standard error x sqrt(n) of a MAD noise scale from n values (asymptotic
-variance 1.36 sigma^2 / n)."""
-ROW_SIGMA_UCB_Z = 2.0
-"""Carried scans judge a rank on its own noise at this many standard errors above its
-estimate from the window's n - 1 step differences (the estimate from 24 steps is itself
-+-24%; its low draws, tested pass after pass, named noisy ranks)."""
-
 SCAN_LENGTHS = (3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 
 
@@ -615,43 +365,20 @@ def _run_lengths(num_steps: int, config: StragglerConfig) -> list[int]:
     return sorted({n for n in SCAN_LENGTHS if lo <= n <= num_steps} | {num_steps, lo})
 
 
-Q90_Z = NormalDist().inv_cdf(0.9)
-"""(q90 - q50) of a normal distribution in standard deviations (1.2816)."""
-
-
 def _robust_sigma(lr: np.ndarray) -> float:
-    """Noise scale of log ratios (rows x steps) that heavy tails cannot shrink and a
-    straggler cannot inflate: the larger of the MAD's and the upper tail's
-    Gaussian-equivalent scale ((q90 - q50) / 1.2816) of every rank-step's deviation from
-    its own row's median, combined (in quadrature) with the spread of the row medians
-    (their MAD's scale). On a loaded host a third of the rank-steps may run 1.5-2.5x slow
-    at random (the MAD alone then measures the quiet two thirds only). A slow rank's level
-    shift is no noise: pooled about one centre, one straggler of 8 ranks (1/8 of the
-    rank-steps) lifted the upper percentile to its own excess and hid itself; about its own
-    median its row adds only its spread, and the median of the row medians holds while
-    fewer than half the rows are slow. The quantiles are the pool's (a 24-step row's own
-    q90 reads a skewed tail low)."""
-    if lr.ndim == 1:
-        lr = lr[None, :]
-    if lr.size == 0:
-        return 1e-3
-    med = np.median(lr, axis=1, keepdims=True)
-    dev = lr - med
-    centre = float(np.median(dev))
-    spread = max(mad_sigma(dev, centre), (float(np.quantile(dev, 0.9)) - centre) / Q90_Z)
-    levels = mad_sigma(med[:, 0]) if lr.shape[0] > 2 else 0.0
-    return max(math.hypot(spread, levels), 1e-3)
+    """Noise scale of log ratios that heavy tails cannot shrink: the larger of the MAD's
+    and the upper tail's Gaussian-equivalent scale ((q90 - q50) / 1.2816). On a loaded
+    host a third of the rank-steps may run 1.5-2.5x slow at random; the MAD alone then
+    measures the quiet two thirds only."""
+    med = float(np.median(lr))
+    tail = (float(np.quantile(lr, 0.9)) - med) / 1.2816
+    return max(_sigma(lr), tail, 1e-3)
 
 
 def _row_sigma(lr: np.ndarray) -> np.ndarray:
     """Per row: its own step-to-step noise, :func:`.robust.diff_sigma` (a level shift - the
     onset of a slowdown - does not inflate it)."""
     return diff_sigma(lr)
-
-
-def _gauss_sf(z: np.ndarray) -> np.ndarray:
-    """P(N(0, 1) > z), element-wise."""
-    return 0.5 * np.vectorize(math.erfc, otypes=[float])(np.asarray(z, dtype=float) / math.sqrt(2))
 
 
 def _binom_sf(h: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:
@@ -664,8 +391,7 @@ def _binom_sf(h: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:
 
 
 def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig,
-          row_sigma: np.ndarray | None = None, levels: tuple[float, float] | None = None,
-          pooled_is_own: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          row_sigma: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sequential test on log ratios (ranks x steps, oldest first) over runs of the latest
     ``n`` steps, ``scan_min_steps <= n <= steps``; a rank is flagged by either
 
@@ -679,23 +405,17 @@ def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig,
       median is above ``log(1 + min_effect)``. Machine load that slows random ranks at
       random steps raises ``p_L`` for everyone; a straggler is above ``L`` every step.
 
-    ``levels``: (z, alpha) of the median and exceedance tests (default ``scan_z``,
-    ``level_alpha``; a carried pass spends :attr:`StragglerConfig.scan_alpha` per step).
-
     Evidence accumulates with ``n``: a large slowdown is named after a few steps, a small
     one once enough steps back it; one spike never is. Returns (flagged, score: > 1 beyond
     the threshold, the longest flagged run length) per rank."""
     num_ranks, num_steps = lr.shape
-    scan_z, level_alpha = levels if levels is not None else (config.scan_z, config.level_alpha)
     hit = np.zeros(num_ranks, dtype=bool)
     score = np.zeros(num_ranks)
     run = np.zeros(num_ranks, dtype=np.int64)
     floor = math.log1p(config.min_effect)
     # a rank on a noisy host is judged against its own noise when that is larger than the
     # pool's (its median wanders further; it is not slower)
-    # (``pooled_is_own``: ``sigma`` is already :func:`_robust_sigma` of ``lr``)
-    pool = sigma if pooled_is_own else max(sigma, _robust_sigma(lr))
-    sigma = np.maximum(pool, _row_sigma(lr) if row_sigma is None else row_sigma)
+    sigma = np.maximum(max(sigma, _robust_sigma(lr)), _row_sigma(lr) if row_sigma is None else row_sigma)
     exceed = {L: lr > math.log(L) for L in config.levels}
     p_other = {}
     for L, e in exceed.items():  # leave-one-out rate of exceeding L, with a pseudo-count
@@ -704,15 +424,10 @@ def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig,
         # ... or the rank's own rate of the mirror event (as far below its peers): a rank
         # that is just noisier than its peers exceeds both tails alike
         p_other[L] = np.maximum(p_loo, ((lr < -math.log(L)).sum(axis=1) + 0.5) / (num_steps + 1.0))
-        if levels is not None and row_sigma is not None:
-            # ... or, in a carried pass, the rate a rank's own noise gives (a Gaussian tail at
-            # its noise scale): the mirror count from 24 steps is itself noisy, and its low
-            # draws, tested pass after pass, named noisy ranks
-            p_other[L] = np.maximum(p_other[L], _gauss_sf(math.log(L) / np.maximum(row_sigma, 1e-6)))
     for n in _run_lengths(num_steps, config):
         x = lr[:, -n:]
         med = np.median(x, axis=1)
-        thr = np.maximum(floor, scan_z * MEDIAN_SE_FACTOR * sigma / math.sqrt(n))
+        thr = np.maximum(floor, config.scan_z * MEDIAN_SE_FACTOR * sigma / math.sqrt(n))
         ok = (med > thr) & ((x > thr[:, None] / 2).mean(axis=1) >= config.persist_frac)
         sc = np.where(ok, med / thr, 0.0)
         for L, e in exceed.items():
@@ -722,9 +437,9 @@ def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig,
                 continue
             tail = _binom_sf(h[cand], n, p_other[L][cand])
             good = np.zeros(num_ranks, dtype=bool)
-            good[cand] = tail < level_alpha
+            good[cand] = tail < config.level_alpha
             lv = np.zeros(num_ranks)
-            lv[cand] = np.log(np.maximum(tail, 1e-300)) / math.log(level_alpha)
+            lv[cand] = np.log(np.maximum(tail, 1e-300)) / math.log(config.level_alpha)
             ok |= good
             sc = np.maximum(sc, np.where(good, lv, 0.0))
         score = np.maximum(score, sc)
@@ -802,8 +517,7 @@ def _waiting_peers(arr: pd.DataFrame, steps: list[int]) -> dict[int, list[dict]]
     return out
 
 
-def _top_test(x: np.ndarray, groups: dict[int, list[int]], config: StragglerConfig,
-              alpha: float | None = None) -> np.ndarray:
+def _top_test(x: np.ndarray, groups: dict[int, list[int]], config: StragglerConfig) -> np.ndarray:
     """Distribution-free persistence test for heavy-tailed timings: a rank that is the
     slowest of its n stage peers in h of the last k steps, where under exchangeable
     noise h ~ Binomial(k, 1/n), is flagged when P(X >= h) < ``config.top_alpha``."""
@@ -823,7 +537,7 @@ def _top_test(x: np.ndarray, groups: dict[int, list[int]], config: StragglerConf
         # rate of being the fastest if higher: a rank that is only noisier than its peers
         # is the slowest and the fastest alike often
         p = np.maximum(1 / n, (fastest + 0.5) / (k + 1.0))
-        out[np.asarray(members)] = _binom_sf(hits, k, p) < (config.top_alpha if alpha is None else alpha)
+        out[np.asarray(members)] = _binom_sf(hits, k, p) < config.top_alpha
     return out
 
 
