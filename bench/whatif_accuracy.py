@@ -21,12 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.helpers
 
-from fleetscope.server.diagnosis.breakdown import rank_step_breakdown  # noqa: E402
-from fleetscope.server.diagnosis.stragglers import detect_stragglers  # noqa: E402
-from fleetscope.server.diagnosis.whatif import profile_from_frames  # noqa: E402
 
 from fleetscope.topology import Topology  # noqa: E402
-from tests.helpers.synthetic import SynthJob  # noqa: E402
+from tests.helpers.synthetic import whatif_vs_measured  # noqa: E402
 
 
 def _layout(text: str) -> tuple[int, int, int]:
@@ -35,26 +32,6 @@ def _layout(text: str) -> tuple[int, int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not DPxTPxPP (e.g. 2x2x2)") from None
     return dp, tp, pp
-
-
-def case(topo: Topology, stage: int, factor: float, noise: float) -> tuple[float | None, float]:
-    """(predicted, measured) slowdown of one straggler (predicted None: not found)."""
-    rank = topo.rank(dp=topo.dp - 1, pp=stage, tp=topo.tp - 1)
-    slow = SynthJob(topo=topo, noise=noise, num_steps=30,
-                    compute_factor=lambda r, s: factor if r == rank and s >= 10 else 1.0)
-    f = slow.build()
-    bd, arr = rank_step_breakdown(f["sections"], f["collectives"], f["steps"])
-    last = bd["step"].max() - 7
-    prof = profile_from_frames(topo, slow.num_mb, bd[bd.step >= last],
-                               f["sections"][f["sections"].step >= last], arr[arr.step >= last])
-    found = [x for x in detect_stragglers("t", topo, bd, arr, prof) if rank in x.ranks]
-    c = SynthJob(topo=topo, noise=noise, num_steps=30).build()
-    bdc = rank_step_breakdown(c["sections"], c["collectives"], c["steps"])[0]
-
-    def step(b):
-        return b[b.step >= 12].groupby("step")["step_ns"].max().median()
-
-    return (found[0].est_slowdown if found else None), step(bd) / step(bdc) - 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         for stage in sorted({0, pp // 2, pp - 1}):
             for noise in a.noise:
                 for factor in a.factors:
-                    pred, meas = case(topo, stage, factor, noise)
+                    pred, meas, _ = whatif_vs_measured(topo, stage, factor, noise)
                     if pred is None:
                         print(f"{dp}x{tp}x{pp} stage {stage} noise {noise:g} {factor:g}x: NOT FOUND")
                         ok = False

@@ -8,32 +8,10 @@ so the only difference left is the model's."""
 from __future__ import annotations
 
 import pytest
-from fleetscope.server.diagnosis.breakdown import rank_step_breakdown
-from fleetscope.server.diagnosis.stragglers import detect_stragglers
-from fleetscope.server.diagnosis.whatif import StepProfile, fix_group, profile_from_frames, typical
+from fleetscope.server.diagnosis.whatif import StepProfile, fix_group, typical
 
 from fleetscope.topology import Topology
-from tests.helpers.synthetic import SynthJob
-
-
-def _step_ns(bd) -> float:
-    return bd[bd.step >= 12].groupby("step")["step_ns"].max().median()
-
-
-def _predicted_and_measured(topo: Topology, stage: int, factor: float) -> tuple[float, float, int]:
-    rank = topo.rank(dp=topo.dp - 1, pp=stage, tp=topo.tp - 1)
-    slow = SynthJob(topo=topo, noise=0.0, num_steps=30,
-                    compute_factor=lambda r, s: factor if r == rank and s >= 10 else 1.0)
-    frames = slow.build()
-    bd, arr = rank_step_breakdown(frames["sections"], frames["collectives"], frames["steps"])
-    last = bd["step"].max() - 7
-    prof = profile_from_frames(topo, slow.num_mb, bd[bd.step >= last],
-                               frames["sections"][frames["sections"].step >= last], arr[arr.step >= last])
-    found = [f for f in detect_stragglers("t", topo, bd, arr, prof) if rank in f.ranks]
-    assert found, f"the {factor}x rank {rank} was not found"
-    clean = SynthJob(topo=topo, noise=0.0, num_steps=30).build()
-    bdc = rank_step_breakdown(clean["sections"], clean["collectives"], clean["steps"])[0]
-    return found[0].est_slowdown, _step_ns(bd) / _step_ns(bdc) - 1, rank
+from tests.helpers.synthetic import whatif_vs_measured
 
 
 @pytest.mark.parametrize("layout,stage,factor", [
@@ -50,7 +28,8 @@ def _predicted_and_measured(topo: Topology, stage: int, factor: float) -> tuple[
 ])
 def test_whatif_matches_the_measured_slowdown_in_any_stage(layout, stage, factor):
     dp, tp, pp = layout
-    predicted, measured, rank = _predicted_and_measured(Topology(dp=dp, tp=tp, pp=pp), stage, factor)
+    predicted, measured, rank = whatif_vs_measured(Topology(dp=dp, tp=tp, pp=pp), stage, factor)
+    assert predicted is not None, f"the {factor}x rank {rank} was not found"
     assert predicted == pytest.approx(measured, rel=0.12), (rank, predicted, measured)
 
 

@@ -161,3 +161,31 @@ COLLECTIVE_COLUMNS = ("job", "attempt", "rank", "host", "step", "microbatch", "g
                       "completed_ns", "duration_ns")
 STEP_COLUMNS = ("job", "attempt", "rank", "host", "step", "start_ns", "end_ns", "duration_ns", "num_microbatches",
                 "tokens", "loss")
+
+
+def whatif_vs_measured(topo: Topology, stage: int, factor: float,
+                       noise: float = 0.0) -> tuple[float | None, float, int]:
+    """One compute straggler (``factor`` from step 10, on the last dp/tp coordinate of
+    ``stage``): its finding's ``est_slowdown`` (None when not found), the measured
+    slowdown (median job step with it over the same job's without it, steps >= 12) and
+    its rank."""
+    from fleetscope.server.diagnosis.breakdown import rank_step_breakdown
+    from fleetscope.server.diagnosis.stragglers import detect_stragglers
+    from fleetscope.server.diagnosis.whatif import profile_from_frames
+
+    rank = topo.rank(dp=topo.dp - 1, pp=stage, tp=topo.tp - 1)
+    slow = SynthJob(topo=topo, noise=noise, num_steps=30,
+                    compute_factor=lambda r, s: factor if r == rank and s >= 10 else 1.0)
+    f = slow.build()
+    bd, arr = rank_step_breakdown(f["sections"], f["collectives"], f["steps"])
+    last = bd["step"].max() - 7
+    prof = profile_from_frames(topo, slow.num_mb, bd[bd.step >= last],
+                               f["sections"][f["sections"].step >= last], arr[arr.step >= last])
+    found = [x for x in detect_stragglers("t", topo, bd, arr, prof) if rank in x.ranks]
+    c = SynthJob(topo=topo, noise=noise, num_steps=30).build()
+    bdc = rank_step_breakdown(c["sections"], c["collectives"], c["steps"])[0]
+
+    def step(b: pd.DataFrame) -> float:
+        return b[b.step >= 12].groupby("step")["step_ns"].max().median()
+
+    return (found[0].est_slowdown if found else None), step(bd) / step(bdc) - 1, rank
