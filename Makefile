@@ -53,10 +53,14 @@ test: venv browser-deps prometheus-deps
 # 120-146 s with two workers against 106-117 s in one process). Bytecode is written even
 # where PYTHONDONTWRITEBYTECODE is set, so pytest keeps its rewritten test modules and a
 # re-run skips rewriting them (collection 16 s -> 8.6 s).
+# The property/fuzz tests draw FAST_FUZZ_EXAMPLES examples each here (FLEETSCOPE_FUZZ_EXAMPLES,
+# read by tests/test_codec_fuzz.py and tests/test_spool_properties.py); `make test` draws
+# their default 300.
 FAST_WORKERS ?= $(or $(shell $(PYTHON) -c 'import os; print(2 if os.getloadavg()[0] < 1 and (os.cpu_count() or 1) >= 2 else 0)' 2>/dev/null),0)
+FAST_FUZZ_EXAMPLES ?= 100
 .PHONY: test-fast
 test-fast: venv
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -m "not integration" -n $(FAST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= FLEETSCOPE_FUZZ_EXAMPLES=$(FAST_FUZZ_EXAMPLES) $(PY) -m pytest -m "not integration" -n $(FAST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

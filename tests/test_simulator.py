@@ -308,10 +308,12 @@ def test_a_1024_rank_hang_is_diagnosed_end_to_end(tmp_path):
 # ---------------------------------------------------------------------------- diagnosable
 def diagnose_simulated(tmp_path, injections, num_steps=12, tail_s=40):
     """A 128-rank (2 x 8 x 8) simulated job stored in chdb as the agents would deliver it
-    (5 s batches), diagnosed by the server's own loader and engine ``tail_s`` after the
-    last step was due."""
+    (5 s batches), diagnosed by the server's own loader (the reductions ClickHouse
+    computes, as the diagnosis loop reads them) and engine ``tail_s`` after the last step
+    was due."""
     from fleetscope.server.diagnosis.engine import JobInfo, diagnose
-    from fleetscope.server.diagnosis.loader import load_job_frames
+    from fleetscope.server.diagnosis.loader import load_reduced_frames
+    from fleetscope.server.diagnosis.rollups import StepCache
     from fleetscope.server.store.client import Store
 
     topo = Topology(dp=2, pp=8, tp=8)
@@ -335,7 +337,8 @@ def diagnose_simulated(tmp_path, injections, num_steps=12, tail_s=40):
         now = t0 + span_s * 10**9
         info = JobInfo(job="dj", topology=topo, num_microbatches=4, model_flops_per_step=1e15,
                        device_peak_flops=989e12, start_ns=t0)
-        return diagnose(info, load_job_frames(store, "dj", now, window_steps=24), now)
+        frames = load_reduced_frames(store, "dj", now, StepCache(), topo.world_size, 4, window_steps=24)
+        return diagnose(info, frames, now)
     finally:
         store.close()
 
