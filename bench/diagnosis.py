@@ -26,6 +26,7 @@ scenario class and overall with Wilson 95% lower bounds, hang/crash culprit accu
     .venv/bin/python bench/diagnosis.py --only clean,hang-compute --seeds 1
     .venv/bin/python bench/diagnosis.py --list           # scenario names and classes
     .venv/bin/python bench/diagnosis.py --sweep          # detection floor vs timing noise (synthetic)
+    .venv/bin/python bench/diagnosis.py --pass-sweep --seeds 4   # steps to a finding, pass by pass (synthetic)
     .venv/bin/python bench/diagnosis.py --detector-timing 12288   # pure straggler pass at 12,288 ranks
 
 Exit status 1 when a target is missed.
@@ -48,8 +49,10 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 
 from fleetscope import codec, spool
 
@@ -621,6 +624,87 @@ def sweep(seeds: int = 5) -> int:
     return 0
 
 
+def _step_sigma(topo: Any, bd: Any) -> float:
+    """The per-step noise the detector sees (its own ``stage_log_ratios`` sigma of the
+    compute log ratio to the stage peers), as :func:`spool_noise` measures it on a real
+    job's spool."""
+    from fleetscope.server.diagnosis.stragglers import stage_log_ratios
+
+    return float(stage_log_ratios(topo, bd, "compute_ns")[3])
+
+
+def pass_sweep(seeds: int = 4, after: int = 48, step_s: float = 1.0) -> int:
+    """The straggler detector replayed pass by pass, as the diagnosis loop runs it (one
+    pass per new complete step, the last ``window_steps`` of them), on synthetic jobs
+    (no I/O): per layout and per-duration timing noise (``step σ``: the per-step noise
+    that makes, comparable with a real job's :func:`spool_noise`), the steps from onset until the
+    culprit is first named (median over seeds, a rank in a different stage each seed),
+    how often it stays named on the passes after that, and every finding of the clean
+    twins over all their passes. ``step_s`` turns steps into seconds (the reference
+    trainer's step on this machine is about 1 s). Exit 1 when a clean pass has a
+    finding or a 1.5x straggler at noise <= 0.1 is missed."""
+    from fleetscope.server.diagnosis.breakdown import rank_step_breakdown
+    from fleetscope.server.diagnosis.stragglers import StragglerConfig, detect_stragglers
+
+    from fleetscope.topology import Topology
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.helpers
+    from tests.helpers.synthetic import SynthJob
+
+    onset, factors, cfg = 8, (1.2, 1.5), StragglerConfig()
+    bad = 0
+    print(f"pass-by-pass replay: onset at step {onset}, {after} steps after it, {seeds} seeds; "
+          f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"{'layout':<8}{'noise':>6}{'step σ':>7}" + "".join(f"{'x' + str(f) + ' steps (s)':>22}{'kept':>6}" for f in factors)
+          + f"{'clean passes':>14}{'false':>7}")
+    for dp, tp, pp in ((2, 2, 2), (4, 2, 4)):
+        topo = Topology(dp=dp, tp=tp, pp=pp)
+        for noise in (0.02, 0.05, 0.1, 0.2, 0.3, 0.6, 1.0):
+            delays: dict[float, list[float]] = {f: [] for f in factors}
+            kept: dict[float, list[float]] = {f: [] for f in factors}
+            clean_passes = false = 0
+            step_sigma: list[float] = []
+            for seed in range(seeds):
+                stage = seed % pp
+                culprit = [r for r in topo.ranks() if topo.stage(r) == stage][seed % (dp * tp)]
+                for f in (1.0, *factors):
+                    job = SynthJob(topo=topo, seed=seed, noise=noise, num_steps=onset + after, job="sweep",
+                                   compute_factor=lambda r, s, f=f, c=culprit: f if r == c and s >= onset else 1.0)
+                    fr = job.build()
+                    bd, arr = rank_step_breakdown(fr["sections"], fr["collectives"], fr["steps"])
+                    if f == 1.0:
+                        step_sigma.append(_step_sigma(topo, bd))
+                    named_at: list[int] = []
+                    for n in range(cfg.min_steps, onset + after + 1):  # the pass that sees steps < n
+                        found = detect_stragglers("sweep", topo, bd[bd["step"] < n], arr[arr["step"] < n], config=cfg)
+                        ranks = {r for x in found for r in x.ranks}
+                        if f == 1.0:
+                            clean_passes += 1
+                            false += len(found)
+                        else:
+                            false += len(ranks - {culprit})
+                            if culprit in ranks and n > onset:
+                                named_at.append(n)
+                    if f != 1.0:
+                        # steps after onset until the pass that first names it (it sees steps < n)
+                        delays[f].append(named_at[0] - onset if named_at else math.inf)
+                        if named_at:
+                            kept[f].append(len(named_at) / (onset + after + 1 - named_at[0]))
+            cells = ""
+            for f in factors:
+                d = sorted(delays[f])
+                med = d[len(d) // 2]
+                missed = sum(math.isinf(x) for x in d)
+                cell = f"{med:.0f} ({med * step_s:.0f} s)" if math.isfinite(med) else "missed"
+                cell += f" {missed}/{len(d)} miss" if missed else ""
+                cells += f"{cell:>22}{(sum(kept[f]) / len(kept[f]) if kept[f] else 0):>6.2f}"
+                bad += f == 1.5 and noise <= 0.1 and missed > 0
+            bad += false > 0 and noise <= 0.1
+            print(f"{f'{dp}x{tp}x{pp}':<8}{noise:>6}{float(np.median(step_sigma)):>7.3f}{cells}{clean_passes:>14}{false:>7}",
+                  flush=True)
+    return 1 if bad else 0
+
+
 def detector_timing(world: int = 12_288, steps: int = 32, repeat: int = 3) -> int:
     """Pure straggler-detector pass time (``detect_stragglers`` alone, no I/O) on a
     per-rank-per-step frame of ``world`` ranks (tp4 x pp2 x dp) and ``steps`` steps (the detector
@@ -674,12 +758,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--sweep", action="store_true", help="only the synthetic detection-floor sweep")
+    ap.add_argument("--pass-sweep", action="store_true",
+                    help="only the synthetic pass-by-pass replay: steps to name a 1.2x/1.5x straggler "
+                         "and false findings of clean twins over every pass")
     ap.add_argument("--detector-timing", type=int, metavar="RANKS", default=0,
                     help="only time the pure straggler detector on a synthetic RANKS x 32-step frame "
                          "(e.g. 12288); exit 1 unless its 1.2x straggler is the only finding")
     args = ap.parse_args(argv)
     if args.sweep:
         return sweep()
+    if args.pass_sweep:
+        return pass_sweep(seeds=args.seeds)
     if args.detector_timing:
         if args.detector_timing % 8 or args.detector_timing < 16:
             ap.error(f"--detector-timing must be a multiple of 8 and >= 16, got {args.detector_timing}")
