@@ -346,7 +346,69 @@ def _latest(df: pd.DataFrame, col: str) -> dict[int, dict]:
 def wait_for_graph(
     topo: Topology, states: Mapping[int, RankState], progress: pd.DataFrame
 ) -> dict[int, list[tuple[int, str]]]:
-    """Edges ``waiter -> [(waited_for, reason)]`` between ranks."""
+    """Edges ``waiter -> [(waited_for, reason)]`` between ranks.
+
+    The members a collective ``G#seq`` waits for are the same for every rank in it, so
+    they are found once per ``(G, seq)``, not once per rank (12,288 ranks in 192-rank DP
+    groups: 2.4 M member checks -> 25 k); the edges are :func:`wait_for_graph_reference`'s.
+    """
+    last_seq = _last_seqs(progress)
+    edges: dict[int, list[tuple[int, str]]] = {}
+    members_of: dict[str, list[int] | None] = {}
+    waited_of: dict[tuple[str, int], list[tuple[int, str]] | None] = {}
+    if isinstance(states, RankStates):  # only the ranks in an op have edges
+        items: Any = ((r, states[r]) for r in states.ranks_in(*IN_OP))
+    else:
+        items = states.items()
+    for r, st in items:
+        if st.kind == RankStateKind.COLLECTIVE and st.group_id:
+            gid, seq = st.group_id, st.seq
+            key = (gid, seq)
+            if key not in waited_of:
+                if gid not in members_of:
+                    try:
+                        members_of[gid] = topo.parse_group_id(gid)[1]
+                    except ValueError:
+                        members_of[gid] = None
+                members = members_of[gid]
+                waited: list[tuple[int, str]] | None = None
+                if members is not None:
+                    waited = []
+                    for q in members:
+                        qs = states.get(q)
+                        if qs and qs.kind == RankStateKind.COLLECTIVE and qs.group_id == gid and qs.seq == seq:
+                            continue
+                        if last_seq.get((q, gid), -1) >= seq >= 0:
+                            continue
+                        waited.append((q, _where(qs)))
+                waited_of[key] = waited
+            found = waited_of[key]
+            if found is None:
+                continue
+            for q, where in found:
+                if q != r:
+                    edges.setdefault(r, []).append((q, f"{st.op} {gid}#{seq}: rank {q} never arrived ({where})"))
+        elif st.kind == RankStateKind.P2P and 0 <= st.peer < topo.world_size:
+            qs = states.get(st.peer)
+            want = "recv" if st.op in ("send", "isend") else "send"
+            if qs and qs.kind == RankStateKind.P2P and qs.peer == r and qs.op.lstrip("i") == want:
+                continue
+            edges.setdefault(r, []).append((st.peer, f"{st.op} with rank {st.peer} ({_where(qs)})"))
+    return edges
+
+
+def _last_seqs(progress: pd.DataFrame | None) -> dict[tuple[int, str], int]:
+    """``(rank, group_id) -> last completed seq`` (a later row wins, as in the reference)."""
+    if progress is None or progress.empty:
+        return {}
+    keys = zip(progress["rank"].astype("int64").tolist(), progress["group_id"].astype(str).tolist())
+    return dict(zip(keys, progress["last_seq"].astype("int64").tolist()))
+
+
+def wait_for_graph_reference(
+    topo: Topology, states: Mapping[int, RankState], progress: pd.DataFrame
+) -> dict[int, list[tuple[int, str]]]:
+    """:func:`wait_for_graph` rank by rank and member by member (the definition)."""
     last_seq: dict[tuple[int, str], int] = {}
     if progress is not None and not progress.empty:
         for r, g, s in progress[["rank", "group_id", "last_seq"]].itertuples(index=False):
@@ -401,16 +463,23 @@ class Localised(NamedTuple):
 def localise(
     topo: Topology, states: Mapping[int, RankState], progress: pd.DataFrame,
     last_seen: dict[int, int] | None = None, last_known: Mapping[int, RankState] | None = None,
+    reference: bool = False,
 ) -> Localised:
     """Culprit ranks (most waited-on first), class, group, wait-for chain and evidence.
+
+    ``reference``: the wait-for graph member by member (:func:`wait_for_graph_reference`),
+    as the previous pass built it; the same result.
 
     ``last_known`` are the ranks' states from their latest in-flight records however old,
     used when every process is gone (a crash that took the job down, or a hung job that
     was killed): the graph just before the end still points at the culprit.
     """
-    edges = wait_for_graph(topo, states, progress)
-    blocked = [r for r, s in states.items() if s.kind in IN_OP]
-    dead = [r for r, s in states.items() if s.kind == RankStateKind.DEAD]
+    edges = (wait_for_graph_reference if reference else wait_for_graph)(topo, states, progress)
+    if isinstance(states, RankStates):
+        blocked, dead = states.ranks_in(*IN_OP), states.ranks_in(RankStateKind.DEAD)
+    else:
+        blocked = [r for r, s in states.items() if s.kind in IN_OP]
+        dead = [r for r, s in states.items() if s.kind == RankStateKind.DEAD]
     evidence: dict = {
         "blocked_ranks": sorted(blocked),
         "dead_ranks": sorted(dead),
@@ -430,7 +499,7 @@ def localise(
                         silent_before_others_s=round((sorted(seen.values())[len(first_dead)] - t_first) / 1e9, 3)
                         if crash else 0.0)
         if last_known:  # the wait-for graph as it was just before the processes went away
-            culprits, cls, gid, last_chain, ev = localise(topo, last_known, progress)
+            culprits, cls, gid, last_chain, ev = localise(topo, last_known, progress, reference=reference)
             if culprits:
                 if crash and set(culprits) & set(first_dead):
                     culprits = tuple(r for r in culprits if r in first_dead)
@@ -457,7 +526,7 @@ def localise(
     if not roots:
         return Localised((), None, "", (), evidence)
     # upstream count: how many ranks (transitively) wait on each root
-    waiters = {r: _count_upstream(r, edges) for r in roots}
+    waiters = ({r: _count_upstream(r, edges) for r in roots} if reference else _upstream_counts(roots, edges))
     roots.sort(key=lambda r: (-waiters[r], r))
     top = states[roots[0]]
     group_id = ""
@@ -485,6 +554,24 @@ def localise(
     return Localised(culprits, cls, group_id, tuple(_chain_to(chain, set(culprits))), evidence)
 
 
+def _upstream_counts(roots: list[int], edges: dict[int, list[tuple[int, str]]]) -> dict[int, int]:
+    """:func:`_count_upstream` of each root, the reverse graph built once (not per root)."""
+    rev: dict[int, list[int]] = {}
+    for a, outs in edges.items():
+        for b, _ in outs:
+            rev.setdefault(b, []).append(a)
+    out: dict[int, int] = {}
+    for root in roots:
+        seen, stack = set(), [root]
+        while stack:
+            for a in rev.get(stack.pop(), []):
+                if a not in seen:
+                    seen.add(a)
+                    stack.append(a)
+        out[root] = len(seen)
+    return out
+
+
 def _count_upstream(root: int, edges: dict[int, list[tuple[int, str]]]) -> int:
     rev: dict[int, list[int]] = {}
     for a, outs in edges.items():
@@ -502,12 +589,14 @@ def _count_upstream(root: int, edges: dict[int, list[tuple[int, str]]]) -> int:
 def _chain_to(chain: list[tuple[int, int, str]], roots: set[int]) -> list[tuple[int, int, str]]:
     """Edges on some path into the roots, roots' direct waiters first; capped for size."""
     keep: list[tuple[int, int, str]] = []
+    kept: set[tuple[int, int, str]] = set()  # (``e not in keep`` scanned the list: quadratic)
     targets = set(roots)
     for _ in range(64):
-        layer = [e for e in chain if e[1] in targets and e not in keep]
+        layer = [e for e in chain if e[1] in targets and e not in kept]
         if not layer:
             break
         keep += layer
+        kept.update(layer)
         targets = {e[0] for e in layer}
     return keep[:64]
 
@@ -620,7 +709,7 @@ def analyse_hang(
         if op_due is not None:
             due.append(op_due)
         return _not_stalled(job, last_end, stalled_for, threshold, last_step, min(due) if due else None)
-    culprits, cls, gid, chain, ev = localise(topo, states, progress, last_seen, last_known)
+    culprits, cls, gid, chain, ev = localise(topo, states, progress, last_seen, last_known, reference=reference)
     ev["culprit_hosts"] = sorted({states[r].host for r in culprits if states[r].host})
     detected_by = "step_stall"
     # report the rule whose threshold was crossed first (stable from pass to pass)
