@@ -11,12 +11,16 @@ rows are inserted and one full pass runs with the cost cuts off (``old``:
 and ``engine.diagnose``. Prints per pass the seconds per phase (each store query, the
 assembly of the reduced frames, the detectors), then p50/max of each and the ratio,
 checks that both gave the same findings and hang verdict, and exits 1 when the new p50
-exceeds ``--target`` (2 s, issue #12) or they differ.
+exceeds ``--target`` (2 s, issue #12) or they differ. After each full pass pair the loop's
+hang-only pass runs ``--hang-repeat`` times old and new (old: the rank-by-rank hang
+analysis and the previous queries), timed per phase like the full pass (target 0.5 s);
+``--stall-check`` adds the hang analysis of a stalled job of the same size.
 
     .venv/bin/python bench/full_pass.py                       # 12,288 ranks, 6 passes (~10 min)
     .venv/bin/python bench/full_pass.py --world 1024 --passes 3   # quick (~1 min)
     .venv/bin/python bench/full_pass.py --store-dir /tmp/fp12k    # keep the store for the next run
     .venv/bin/python bench/full_pass.py --profile new              # + cProfile of one new pass
+    .venv/bin/python bench/full_pass.py --hang-repeat 5 --stall-check --profile-hang new   # the hang pass
 """
 
 from __future__ import annotations
@@ -171,6 +175,39 @@ def hang_pass(store: TimedStore, info: Any, now: int, cache: Any, config: Any, f
     return hang, phases
 
 
+def stalled_analysis(topo: Any) -> tuple[bool, float, float, tuple]:
+    """The hang analysis at the moment of a hang at this size, old (rank by rank) and new:
+    synthetic frames where one rank is stuck in forward, its TP peers wait for it in a TP
+    collective and every other rank waits in its DP group's collective (the wait-for graph
+    and localisation a stalled pass adds to the quiet one). Same verdict, seconds old, new."""
+    import pandas as pd
+
+    from fleetscope.server.diagnosis.hangs import analyse_hang
+
+    now, s = 10**18, 10**9
+    w = topo.world_size
+    stuck = 1234 % w
+    peers = set(topo.group_ranks("tp", stuck))
+    kind = np.where(np.arange(w) == stuck, "section", "collective")
+    gid = [("" if r == stuck else topo.group_id("tp" if r in peers else "dp", r)) for r in range(w)]
+    inflight = pd.DataFrame({"rank": np.arange(w), "kind": kind, "op": np.where(kind == "section", "forward", "all_reduce"),
+                             "group_id": gid, "seq": np.where(kind == "section", -1, 42), "ts_ns": now - s, "step": 10,
+                             "peer": -1, "since_ns": now - 40 * s})
+    hb = pd.DataFrame({"rank": np.arange(w), "host": [f"h{r // 8}" for r in range(w)], "ts_ns": now - s, "alive": 1,
+                       "pid": 1, "dead_since_ns": now - s})
+    progress = pd.DataFrame([(r, topo.group_id(a, r), 41) for r in range(w) for a in ("tp", "dp", "pp")],
+                            columns=["rank", "group_id", "last_seq"])
+    steps = pd.DataFrame({"step": np.arange(10), "duration_ns": 2 * s, "end_ns": now - 45 * s - (9 - np.arange(10)) * 2 * s})
+    out = {}
+    took = {}
+    for ref in (True, False):
+        t = time.perf_counter()
+        a = analyse_hang("stall", topo, now, steps, inflight, hb, progress, reference=ref)
+        took[ref] = time.perf_counter() - t
+        out[ref] = (a.stalled, a.culprits, a.hang_class, a.group_id, a.chain)
+    return out[True] == out[False] and out[False][1] == (stuck,), took[True], took[False], out[False][:3]
+
+
 def verdict(result: Any) -> tuple:
     h = result.hang
     return (sorted((f.kind.value, tuple(f.ranks), f.group_id or "") for f in result.findings),
@@ -217,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-hang", choices=("old", "new"), help="cProfile the last hang-only pass of this kind")
     ap.add_argument("--hang-repeat", type=int, default=1, help="hang-only passes of each kind after each new "
                     "step (default 1; more for a steadier hang-pass p50 at little cost)")
+    ap.add_argument("--stall-check", action="store_true", help="also time the hang analysis of a stalled "
+                    "job of this size (synthetic frames, old and new, same verdict required)")
     ap.add_argument("--json", metavar="FILE", help="write the per-pass phases as JSON")
     ap.add_argument("--_build", help=argparse.SUPPRESS)
     ap.add_argument("--_t0", type=int, help=argparse.SUPPRESS)
@@ -234,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"full_pass: {topo.world_size:,} ranks ({topo.dp} x {topo.tp} x {topo.pp}), "
           f"{-(-topo.world_size // 8):,} hosts, {args.microbatches} micro-batches, K={args.tp_ops}; "
           f"load average {os.getloadavg()}", flush=True)
+    stall_ok = True
+    if args.stall_check:
+        stall_ok, so, sn, sv = stalled_analysis(topo)
+        print(f"  stalled hang analysis (one rank stuck, {topo.world_size:,} ranks, synthetic frames): "
+              f"old {so:.3f} s, new {sn:.3f} s, ratio new/old {sn / so:.3f}; verdict {sv}; same {stall_ok}",
+              flush=True)
     tmp = Path(args.store_dir) if args.store_dir else Path(tempfile.mkdtemp(prefix="fs-fullpass-"))
     want = want_meta(args)
     meta_path = tmp / META
@@ -349,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{max(p['total'] for p in hang_per['new']):.3f} s   ratio new/old p50 {hn / ho:.2f}"
               f" ({'PASS' if hn <= 0.5 else 'FAIL'} <= 0.5 s)")
         print(f"  same findings and hang verdict on every pass: {same}")
-        ok = pn <= args.target and same
+        ok = pn <= args.target and same and stall_ok
         print(f"  {'PASS' if pn <= args.target else 'FAIL'}  new full pass p50 <= {args.target} s")
         print(f"load average at the end: {os.getloadavg()}", flush=True)
         if args.json:
