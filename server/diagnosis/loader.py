@@ -250,11 +250,23 @@ class JobFrames:
         for df in (self.heartbeats, self.steps):
             if not df.empty:
                 d = df[df["rank"] >= 0][["rank", "host"]].drop_duplicates("rank")
-                for r, h in zip(d["rank"].to_numpy(), d["host"].to_numpy(dtype=object)):
-                    if h:
-                        out[int(r)] = str(h)
+                h = d["host"].to_numpy(dtype=object)
+                keep = _TRUTHY(h).astype(bool) if len(h) else np.zeros(0, dtype=bool)  # ``if h`` per row
+                out.update(zip(d["rank"].to_numpy().astype(np.int64)[keep].tolist(), _STR(h[keep]).tolist()))
         self.__dict__["_hosts_memo"] = (key, out)
         return dict(out)
+
+
+_TRUTHY = np.frompyfunc(bool, 1, 1)
+_STR = np.frompyfunc(str, 1, 1)
+
+
+def rank_max(df: pd.DataFrame, col: str) -> dict[int, int]:
+    """Rank -> the largest ``col`` of its rows, as plain ints (one dict from two lists)."""
+    if df.empty:
+        return {}
+    m = df.groupby("rank")[col].max()
+    return dict(zip(m.index.to_numpy().astype(np.int64).tolist(), m.to_numpy().astype(np.int64).tolist()))
 
 
 def named_queries() -> dict[str, str]:
