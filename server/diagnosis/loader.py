@@ -184,10 +184,19 @@ steps in one query, each raw table scanned once: per ``(rank, group_id)`` the ne
 completed sequence and completion time (``src`` 0), per rank the newest section end (1)
 and in-flight sample (2)."""
 
-RECENT_WORK = RECENT[:RECENT.rindex("UNION ALL")]
+RECENT_WORK = """
+SELECT 0 AS src, rank, toString(g) AS group_id, toInt64(ms) AS last_seq, toInt64(mc) AS t FROM (
+  SELECT rank, group_id AS g, max(seq) AS ms, max(completed_ns) AS mc FROM collectives
+  WHERE job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:Int64} AND state = 'completed'
+  GROUP BY rank, g)
+UNION ALL
+SELECT 1 AS src, rank, '' AS group_id, toInt64(-1) AS last_seq, toInt64(max(end_ns)) AS t FROM sections
+WHERE job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:Int64} GROUP BY rank
+"""
 """:data:`RECENT` without its in-flight part (``src`` 2): the pass reads each rank's newest
 in-flight record anyway (:data:`INFLIGHT_LATEST_IN`, the same rows), whose time is that
-part's answer."""
+part's answer. The collectives are grouped by the stored ``group_id`` (low cardinality),
+not by its ``toString`` alias, which hashed every row's string."""
 
 
 _FAST = threading.local()
