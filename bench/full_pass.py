@@ -181,7 +181,6 @@ def stalled_analysis(topo: Any) -> tuple[bool, float, float, tuple]:
     collective and every other rank waits in its DP group's collective (the wait-for graph
     and localisation a stalled pass adds to the quiet one). Same verdict, seconds old, new."""
     import pandas as pd
-
     from fleetscope.server.diagnosis.hangs import analyse_hang
 
     now, s = 10**18, 10**9
@@ -378,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         for kind, prof in profiles.items():
             print(f"--- cProfile of the last {kind} hang-only pass (cumulative, top 40)")
             pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
-            print(f"--- the same, by own time (top 25)")
+            print("--- the same, by own time (top 25)")
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
         po = float(np.median([p["total"] for p in per["old"]]))
         pn = float(np.median([p["total"] for p in per["new"]]))

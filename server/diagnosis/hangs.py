@@ -24,8 +24,8 @@ rank that died first and was last seen earliest.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -660,6 +660,8 @@ def analyse_hang(
     last_end = int(steps["end_ns"].max()) if not steps.empty else int(started_ns)
     last_step = int(steps["step"].max()) if not steps.empty else -1
     stalled_for = (now_ns - last_end) / 1e9 if last_end > 0 else 0.0
+    states: Mapping[int, RankState]
+    last_known: Mapping[int, RankState]
     if reference:
         states = rank_states_reference(topo, inflight, heartbeats, now_ns, config)
         last_known = rank_states_reference(topo, inflight, heartbeats, now_ns, config, ignore_death=True)
