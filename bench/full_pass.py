@@ -11,12 +11,16 @@ rows are inserted and one full pass runs with the cost cuts off (``old``:
 and ``engine.diagnose``. Prints per pass the seconds per phase (each store query, the
 assembly of the reduced frames, the detectors), then p50/max of each and the ratio,
 checks that both gave the same findings and hang verdict, and exits 1 when the new p50
-exceeds ``--target`` (2 s, issue #12) or they differ.
+exceeds ``--target`` (2 s, issue #12) or they differ. After each full pass pair the loop's
+hang-only pass runs ``--hang-repeat`` times old and new (old: the rank-by-rank hang
+analysis and the previous queries), timed per phase like the full pass (target 0.5 s);
+``--stall-check`` adds the hang analysis of a stalled job of the same size.
 
     .venv/bin/python bench/full_pass.py                       # 12,288 ranks, 6 passes (~10 min)
     .venv/bin/python bench/full_pass.py --world 1024 --passes 3   # quick (~1 min)
     .venv/bin/python bench/full_pass.py --store-dir /tmp/fp12k    # keep the store for the next run
     .venv/bin/python bench/full_pass.py --profile new              # + cProfile of one new pass
+    .venv/bin/python bench/full_pass.py --hang-repeat 5 --stall-check --profile-hang new   # the hang pass
 """
 
 from __future__ import annotations
@@ -147,18 +151,60 @@ def one_pass(store: TimedStore, info: Any, now: int, cache: Any, config: Any, fa
     return result, phases
 
 
-def hang_pass(store: TimedStore, info: Any, now: int, cache: Any, config: Any, fast: bool) -> tuple[Any, float]:
-    """The loop's hang-only pass (``run_hang_job``): its hang analysis and seconds."""
+def hang_pass(store: TimedStore, info: Any, now: int, cache: Any, config: Any, fast: bool) -> tuple[Any, dict]:
+    """The loop's hang-only pass (``run_hang_job``): its hang analysis and seconds per phase
+    (each store query, the rest of the load, the hang analysis)."""
     from fleetscope.server.diagnosis import loader
     from fleetscope.server.diagnosis.engine import diagnose_hang
 
+    store.reset()
     t0 = time.perf_counter()
     with loader.fast_pass(fast):
         frames = loader.load_reduced_frames(store, info.job, now, cache, info.topology.world_size,
                                             info.num_microbatches, window_steps=config.stragglers.window_steps,
                                             hardware=False, hang_only=True)
+        t1 = time.perf_counter()
         hang, _ = diagnose_hang(info, frames, now, config)
-    return hang, time.perf_counter() - t0
+    t2 = time.perf_counter()
+    phases = {f"q:{k}": v for k, v in sorted(store.t.items())}
+    phases["store_total"] = sum(store.t.values())
+    phases["load_other"] = (t1 - t0) - phases["store_total"]
+    phases["diagnose_hang"] = t2 - t1
+    phases["total"] = t2 - t0
+    phases["rows_moved"] = float(sum(store.rows.values()))
+    return hang, phases
+
+
+def stalled_analysis(topo: Any) -> tuple[bool, float, float, tuple]:
+    """The hang analysis at the moment of a hang at this size, old (rank by rank) and new:
+    synthetic frames where one rank is stuck in forward, its TP peers wait for it in a TP
+    collective and every other rank waits in its DP group's collective (the wait-for graph
+    and localisation a stalled pass adds to the quiet one). Same verdict, seconds old, new."""
+    import pandas as pd
+    from fleetscope.server.diagnosis.hangs import analyse_hang
+
+    now, s = 10**18, 10**9
+    w = topo.world_size
+    stuck = 1234 % w
+    peers = set(topo.group_ranks("tp", stuck))
+    kind = np.where(np.arange(w) == stuck, "section", "collective")
+    gid = [("" if r == stuck else topo.group_id("tp" if r in peers else "dp", r)) for r in range(w)]
+    inflight = pd.DataFrame({"rank": np.arange(w), "kind": kind, "op": np.where(kind == "section", "forward", "all_reduce"),
+                             "group_id": gid, "seq": np.where(kind == "section", -1, 42), "ts_ns": now - s, "step": 10,
+                             "peer": -1, "since_ns": now - 40 * s})
+    hb = pd.DataFrame({"rank": np.arange(w), "host": [f"h{r // 8}" for r in range(w)], "ts_ns": now - s, "alive": 1,
+                       "pid": 1, "dead_since_ns": now - s})
+    progress = pd.DataFrame([(r, topo.group_id(a, r), 41) for r in range(w) for a in ("tp", "dp", "pp")],
+                            columns=["rank", "group_id", "last_seq"])
+    steps = pd.DataFrame({"step": np.arange(10), "duration_ns": 2 * s, "end_ns": now - 45 * s - (9 - np.arange(10)) * 2 * s})
+    out = {}
+    took = {}
+    for ref in (True, False):
+        t = time.perf_counter()
+        a = analyse_hang("stall", topo, now, steps, inflight, hb, progress, reference=ref)
+        took[ref] = time.perf_counter() - t
+        out[ref] = (a.stalled, a.culprits, a.hang_class, a.group_id, a.chain)
+    return out[True] == out[False] and out[False][1] == (stuck,), took[True], took[False], out[False][:3]
 
 
 def verdict(result: Any) -> tuple:
@@ -204,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: a temp dir, removed)")
     ap.add_argument("--target", type=float, default=2.0, help="new pass p50 limit in s (default 2.0)")
     ap.add_argument("--profile", choices=("old", "new"), help="cProfile the last pass of this kind")
+    ap.add_argument("--profile-hang", choices=("old", "new"), help="cProfile the last hang-only pass of this kind")
+    ap.add_argument("--hang-repeat", type=int, default=1, help="hang-only passes of each kind after each new "
+                    "step (default 1; more for a steadier hang-pass p50 at little cost)")
+    ap.add_argument("--stall-check", action="store_true", help="also time the hang analysis of a stalled "
+                    "job of this size (synthetic frames, old and new, same verdict required)")
     ap.add_argument("--json", metavar="FILE", help="write the per-pass phases as JSON")
     ap.add_argument("--_build", help=argparse.SUPPRESS)
     ap.add_argument("--_t0", type=int, help=argparse.SUPPRESS)
@@ -221,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"full_pass: {topo.world_size:,} ranks ({topo.dp} x {topo.tp} x {topo.pp}), "
           f"{-(-topo.world_size // 8):,} hosts, {args.microbatches} micro-batches, K={args.tp_ops}; "
           f"load average {os.getloadavg()}", flush=True)
+    stall_ok = True
+    if args.stall_check:
+        stall_ok, so, sn, sv = stalled_analysis(topo)
+        print(f"  stalled hang analysis (one rank stuck, {topo.world_size:,} ranks, synthetic frames): "
+              f"old {so:.3f} s, new {sn:.3f} s, ratio new/old {sn / so:.3f}; verdict {sv}; same {stall_ok}",
+              flush=True)
     tmp = Path(args.store_dir) if args.store_dir else Path(tempfile.mkdtemp(prefix="fs-fullpass-"))
     want = want_meta(args)
     meta_path = tmp / META
@@ -261,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  warm-up pass (old, cold cache, {args.steps} steps reduced): {time.perf_counter() - t:.2f} s",
               flush=True)
         per: dict[str, list[dict]] = {"old": [], "new": []}
+        hang_per: dict[str, list[dict]] = {"old": [], "new": []}
+        profiles: dict[str, Any] = {}
         same = True
         for i in range(args.passes):
             ins = b.add()
@@ -277,10 +336,23 @@ def main(argv: list[str] | None = None) -> int:
                     pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
                 per[kind].append(ph)
                 got[kind] = verdict(res)
-            for kind in ("old", "new"):
-                h, took = hang_pass(ts, info, now, caches[kind], config, kind == "new")
-                per[kind][-1]["hang_pass"] = took
-                got[kind] = (*got[kind], (h.stalled, tuple(h.culprits), h.hang_class))
+            for j in range(args.hang_repeat):  # the hang-only pass, old and new alternating
+                for kind in (("old", "new") if (i + j) % 2 == 0 else ("new", "old")):
+                    last = i == args.passes - 1 and j == args.hang_repeat - 1
+                    prof = cProfile.Profile() if args.profile_hang == kind and last else None
+                    if prof:
+                        prof.enable()
+                    h, hph = hang_pass(ts, info, now, caches[kind], config, kind == "new")
+                    if prof:
+                        prof.disable()
+                        profiles[kind] = prof
+                    hang_per[kind].append(hph)
+                    per[kind][-1]["hang_pass"] = hph["total"]
+                    hv = (h.stalled, tuple(h.culprits), h.hang_class, h.group_id)
+                    if j == 0:
+                        got[kind] = (*got[kind], hv)
+                    elif hv != got[kind][-1]:
+                        got[kind] = (*got[kind], hv)  # a later repeat disagreed: not the same
             ok = got["old"] == got["new"]
             same &= ok
             print(f"  pass {i + 1}/{args.passes} after step {b.step - 1} ({ins:.1f} s insert): "
@@ -294,6 +366,19 @@ def main(argv: list[str] | None = None) -> int:
             o = np.median([p.get(k, 0.0) for p in per["old"]])
             n = np.median([p.get(k, 0.0) for p in per["new"]])
             print(f"  {k:<24} {o:>9.3f} {n:>9.3f}" if k != "rows_moved" else f"  {k:<24} {o:>9,.0f} {n:>9,.0f}")
+        print("\nhang-only pass, seconds per phase (median over its passes):")
+        hkeys = sorted({k for k in hang_per["old"][0]} | {k for k in hang_per["new"][0]},
+                       key=lambda k: (not k.startswith("q:"), k))
+        print(f"  {'phase':<24} {'old':>9} {'new':>9}")
+        for k in hkeys:
+            o = np.median([p.get(k, 0.0) for p in hang_per["old"]])
+            n = np.median([p.get(k, 0.0) for p in hang_per["new"]])
+            print(f"  {k:<24} {o:>9.3f} {n:>9.3f}" if k != "rows_moved" else f"  {k:<24} {o:>9,.0f} {n:>9,.0f}")
+        for kind, prof in profiles.items():
+            print(f"--- cProfile of the last {kind} hang-only pass (cumulative, top 40)")
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+            print("--- the same, by own time (top 25)")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
         po = float(np.median([p["total"] for p in per["old"]]))
         pn = float(np.median([p["total"] for p in per["new"]]))
         mo = max(p["total"] for p in per["old"])
@@ -301,16 +386,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nfull pass at {topo.world_size:,} ranks, {args.passes} passes each:")
         print(f"  old p50 {po:.2f} s, max {mo:.2f} s")
         print(f"  new p50 {pn:.2f} s, max {mn:.2f} s   ratio new/old p50 {pn / po:.2f}")
-        ho = float(np.median([p["hang_pass"] for p in per["old"]]))
-        hn = float(np.median([p["hang_pass"] for p in per["new"]]))
-        print(f"  hang pass: old p50 {ho:.2f} s, new p50 {hn:.2f} s, max {max(p['hang_pass'] for p in per['new']):.2f} s"
+        ho = float(np.median([p["total"] for p in hang_per["old"]]))
+        hn = float(np.median([p["total"] for p in hang_per["new"]]))
+        print(f"  hang pass ({len(hang_per['new'])} each): old p50 {ho:.3f} s, max "
+              f"{max(p['total'] for p in hang_per['old']):.3f} s; new p50 {hn:.3f} s, max "
+              f"{max(p['total'] for p in hang_per['new']):.3f} s   ratio new/old p50 {hn / ho:.2f}"
               f" ({'PASS' if hn <= 0.5 else 'FAIL'} <= 0.5 s)")
         print(f"  same findings and hang verdict on every pass: {same}")
-        ok = pn <= args.target and same
+        ok = pn <= args.target and same and stall_ok
         print(f"  {'PASS' if pn <= args.target else 'FAIL'}  new full pass p50 <= {args.target} s")
         print(f"load average at the end: {os.getloadavg()}", flush=True)
         if args.json:
-            Path(args.json).write_text(json.dumps(per, indent=1))
+            Path(args.json).write_text(json.dumps({"full": per, "hang": hang_per}, indent=1))
         return 0 if ok else 1
     finally:
         store.close()

@@ -19,7 +19,7 @@ from .breakdown import BREAKDOWN_COLUMNS, rank_step_breakdown, reduced_arrivals
 from .findings import STRAGGLER_KINDS, Finding, FindingKind, HangAnalysis
 from .hangs import HangConfig, analyse_hang, detect_mismatches, keep_culprits
 from .health import detect_hardware_errors, detect_heartbeat_loss, detect_silence, hardware_evidence
-from .loader import JobFrames
+from .loader import JobFrames, fast_enabled, rank_max
 from .mfu import MfuConfig, detect_mfu_drop, mfu_series
 from .progress import progress_stall
 from .story import fold_secondary
@@ -148,20 +148,21 @@ def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
     if info.status not in ("running", "failed", "lost"):
         return HangAnalysis(job=info.job, stalled=False, stalled_since_ns=0, stalled_for_s=0.0,
                             threshold_s=config.hang.hang_min_s, last_step=frames.last_step), []
-    rank_last = ({int(r): int(v) for r, v in frames.steps.groupby("rank")["step"].max().items()}
-                 if not frames.steps.empty else {})
+    rank_last = rank_max(frames.steps, "step")
     hc = config.hang
     red = frames.reduced
+    reference = not fast_enabled()  # the previous pass, rank by rank (benchmark, equivalence tests)
     op = progress_stall(now_ns, list(topo.ranks()), frames.collectives, frames.sections, frames.inflight,
                         frames.heartbeats, frames.last_step, frames.first_step,
                         hang_op_min_s=hc.hang_op_min_s, hang_k=hc.hang_k,
                         min_history_steps=hc.op_min_history_steps, min_blocked_s=hc.min_blocked_s,
                         gaps=red.gaps if red is not None else None,
-                        quiet_since_ns=red.quiet_since_ns if red is not None else None)
+                        quiet_since_ns=red.quiet_since_ns if red is not None else None,
+                        reference=reference)
     hang = analyse_hang(info.job, topo, now_ns, frames.step_times, frames.inflight,
                         frames.heartbeats, frames.progress, info.start_ns, frames.last_seen,
                         hc, job_failed=info.status == "failed", rank_last_step=rank_last,
-                        progress_stall=op, warmup_step=frames.first_step)
+                        progress_stall=op, warmup_step=frames.first_step, reference=reference)
     hang = keep_culprits(previous, hang)
     hosts = frames.hosts
     host_data = {}

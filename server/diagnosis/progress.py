@@ -123,6 +123,7 @@ def progress_stall(
     min_blocked_s: float,
     gaps: pd.Series | None = None,
     quiet_since_ns: int | None = None,
+    reference: bool = False,
 ) -> ProgressStall:
     """Is the whole job silent - no traced op completing anywhere - for too long?
 
@@ -142,6 +143,8 @@ def progress_stall(
         gaps: per step, its longest job-wide completion gap (s), already reduced (by
             ClickHouse, :mod:`.rollups`) for the steps after warm-up up to ``last_step``;
             with ``quiet_since_ns`` (the newest completion) it replaces the raw frames.
+        reference: judge the ranks one by one (:func:`_horizon_reference`), as the
+            previous pass did; the same result.
     """
     if gaps is None or quiet_since_ns is None:
         events = completions(collectives, sections)
@@ -153,7 +156,7 @@ def progress_stall(
         gaps = gaps[(gaps.index > first_step) & (gaps.index <= last_step)]
     history_gap = float(np.percentile(gaps.to_numpy(), 99)) if len(gaps) else 0.0
     threshold = max(hang_op_min_s, hang_k * history_gap)
-    horizon, unknown = _horizon(ranks, inflight, heartbeats)
+    horizon, unknown = (_horizon_reference if reference else _horizon)(ranks, inflight, heartbeats)
     blocked = _blocked(inflight, min_blocked_s)
     quiet = (horizon - quiet_since) / 1e9 if horizon and quiet_since else 0.0
     reason = ""
@@ -170,7 +173,36 @@ def progress_stall(
 
 def _horizon(ranks: list[int], inflight: pd.DataFrame | None,
              heartbeats: pd.DataFrame | None) -> tuple[int, list[int]]:
-    """``min`` over live ranks of their latest in-flight time, and the ranks with none."""
+    """``min`` over live ranks of their latest in-flight time, and the ranks with none
+    (:func:`_horizon_reference` over arrays)."""
+    want = np.asarray(ranks, dtype=np.int64)
+    latest = pd.Series(dtype="int64")
+    if inflight is not None and not inflight.empty:
+        latest = inflight.groupby("rank")["ts_ns"].max()
+    gone = _gone(heartbeats)
+    live = want[~np.isin(want, gone)] if gone.size else want
+    t = latest.reindex(live)
+    have = t.notna().to_numpy()
+    if not have.all() or not live.size:
+        return 0, live[~have].tolist()
+    return int(t.to_numpy().astype(np.int64).min()) - CERTIFY_MARGIN_NS, []
+
+
+def _gone(heartbeats: pd.DataFrame | None) -> np.ndarray:
+    """Ranks whose latest heartbeat says their process is gone (and whose records the
+    store holds)."""
+    if heartbeats is None or heartbeats.empty or "alive" not in heartbeats:
+        return np.zeros(0, dtype=np.int64)
+    hb = heartbeats[heartbeats["rank"] >= 0].sort_values("ts_ns").groupby("rank").tail(1)
+    dead = hb["alive"].astype(int) == 0
+    if "caught_up" in hb:  # its last records may still be on the way
+        dead &= hb["caught_up"].astype(int) == 1
+    return hb.loc[dead, "rank"].to_numpy().astype(np.int64)
+
+
+def _horizon_reference(ranks: list[int], inflight: pd.DataFrame | None,
+                       heartbeats: pd.DataFrame | None) -> tuple[int, list[int]]:
+    """:func:`_horizon` rank by rank (the definition; the previous pass used it)."""
     latest: dict[int, int] = {}
     if inflight is not None and not inflight.empty:
         latest = {int(r): int(t) for r, t in inflight.groupby("rank")["ts_ns"].max().items()}
