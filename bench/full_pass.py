@@ -141,14 +141,8 @@ def one_pass(store: TimedStore, info: Any, now: int, cache: Any, config: Any, fa
         t1 = time.perf_counter()
         result = diagnose(info, frames, now, config)
     t2 = time.perf_counter()
-    phases = {f"q:{k}": v for k, v in sorted(store.t.items())}
-    phases["store_total"] = sum(store.t.values())
-    phases["load_other"] = (t1 - t0) - phases["store_total"]
-    phases["diagnose"] = t2 - t1
-    phases["total"] = t2 - t0
-    phases["rows_moved"] = float(sum(store.rows.values()))
     del rollups
-    return result, phases
+    return result, _phases(store, t0, t1, t2, "diagnose")
 
 
 def hang_pass(store: TimedStore, info: Any, now: int, cache: Any, config: Any, fast: bool) -> tuple[Any, dict]:
@@ -166,13 +160,19 @@ def hang_pass(store: TimedStore, info: Any, now: int, cache: Any, config: Any, f
         t1 = time.perf_counter()
         hang, _ = diagnose_hang(info, frames, now, config)
     t2 = time.perf_counter()
+    return hang, _phases(store, t0, t1, t2, "diagnose_hang")
+
+
+def _phases(store: TimedStore, t0: float, t1: float, t2: float, analysis: str) -> dict[str, float]:
+    """Seconds per phase of one pass: each store query, the rest of the load (t0..t1), the
+    analysis (t1..t2), the total; and the rows the queries moved."""
     phases = {f"q:{k}": v for k, v in sorted(store.t.items())}
     phases["store_total"] = sum(store.t.values())
     phases["load_other"] = (t1 - t0) - phases["store_total"]
-    phases["diagnose_hang"] = t2 - t1
+    phases[analysis] = t2 - t1
     phases["total"] = t2 - t0
     phases["rows_moved"] = float(sum(store.rows.values()))
-    return hang, phases
+    return phases
 
 
 def stalled_analysis(topo: Any) -> tuple[bool, float, float, tuple]:
@@ -234,6 +234,17 @@ def build(base: Path, args: argparse.Namespace, want: dict[str, int]) -> int:
         store.close()
     (base.parent / (META + ".new")).write_text(json.dumps({**want, "rows": b.rows, "t0_ns": b.t0_ns}))
     return 0
+
+
+def print_phases(title: str, per: dict[str, list[dict[str, float]]]) -> None:
+    """The median of each phase over the passes, old beside new."""
+    print(f"\n{title}")
+    keys = sorted({k for k in per["old"][0]} | {k for k in per["new"][0]}, key=lambda k: (not k.startswith("q:"), k))
+    print(f"  {'phase':<24} {'old':>9} {'new':>9}")
+    for k in keys:
+        o = np.median([p.get(k, 0.0) for p in per["old"]])
+        n = np.median([p.get(k, 0.0) for p in per["new"]])
+        print(f"  {k:<24} {o:>9.3f} {n:>9.3f}" if k != "rows_moved" else f"  {k:<24} {o:>9,.0f} {n:>9,.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,22 +369,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  pass {i + 1}/{args.passes} after step {b.step - 1} ({ins:.1f} s insert): "
                   f"old {per['old'][-1]['total']:.2f} s, new {per['new'][-1]['total']:.2f} s, "
                   f"same verdict {ok}; findings {len(got['new'][0])}", flush=True)
-        print("\nseconds per phase (median over passes; q: = one named store query):")
-        keys = sorted({k for k in per["old"][0]} | {k for k in per["new"][0]},
-                      key=lambda k: (not k.startswith("q:"), k))
-        print(f"  {'phase':<24} {'old':>9} {'new':>9}")
-        for k in keys:
-            o = np.median([p.get(k, 0.0) for p in per["old"]])
-            n = np.median([p.get(k, 0.0) for p in per["new"]])
-            print(f"  {k:<24} {o:>9.3f} {n:>9.3f}" if k != "rows_moved" else f"  {k:<24} {o:>9,.0f} {n:>9,.0f}")
-        print("\nhang-only pass, seconds per phase (median over its passes):")
-        hkeys = sorted({k for k in hang_per["old"][0]} | {k for k in hang_per["new"][0]},
-                       key=lambda k: (not k.startswith("q:"), k))
-        print(f"  {'phase':<24} {'old':>9} {'new':>9}")
-        for k in hkeys:
-            o = np.median([p.get(k, 0.0) for p in hang_per["old"]])
-            n = np.median([p.get(k, 0.0) for p in hang_per["new"]])
-            print(f"  {k:<24} {o:>9.3f} {n:>9.3f}" if k != "rows_moved" else f"  {k:<24} {o:>9,.0f} {n:>9,.0f}")
+        print_phases("seconds per phase (median over passes; q: = one named store query):", per)
+        print_phases("hang-only pass, seconds per phase (median over its passes):", hang_per)
         for kind, prof in profiles.items():
             print(f"--- cProfile of the last {kind} hang-only pass (cumulative, top 40)")
             pstats.Stats(prof).sort_stats("cumulative").print_stats(40)

@@ -389,11 +389,9 @@ def wait_for_graph(
                 if q != r:
                     edges.setdefault(r, []).append((q, f"{st.op} {gid}#{seq}: rank {q} never arrived ({where})"))
         elif st.kind == RankStateKind.P2P and 0 <= st.peer < topo.world_size:
-            qs = states.get(st.peer)
-            want = "recv" if st.op in ("send", "isend") else "send"
-            if qs and qs.kind == RankStateKind.P2P and qs.peer == r and qs.op.lstrip("i") == want:
-                continue
-            edges.setdefault(r, []).append((st.peer, f"{st.op} with rank {st.peer} ({_where(qs)})"))
+            edge = _p2p_edge(states, r, st)
+            if edge is not None:
+                edges.setdefault(r, []).append(edge)
     return edges
 
 
@@ -429,12 +427,19 @@ def wait_for_graph_reference(
                 where = _where(qs)
                 edges.setdefault(r, []).append((q, f"{st.op} {st.group_id}#{st.seq}: rank {q} never arrived ({where})"))
         elif st.kind == RankStateKind.P2P and 0 <= st.peer < topo.world_size:
-            qs = states.get(st.peer)
-            want = "recv" if st.op in ("send", "isend") else "send"
-            if qs and qs.kind == RankStateKind.P2P and qs.peer == r and qs.op.lstrip("i") == want:
-                continue
-            edges.setdefault(r, []).append((st.peer, f"{st.op} with rank {st.peer} ({_where(qs)})"))
+            edge = _p2p_edge(states, r, st)
+            if edge is not None:
+                edges.setdefault(r, []).append(edge)
     return edges
+
+
+def _p2p_edge(states: Mapping[int, RankState], r: int, st: RankState) -> tuple[int, str] | None:
+    """Rank ``r``, in p2p op ``st``, waits for its peer unless the peer is in the matching op."""
+    qs = states.get(st.peer)
+    want = "recv" if st.op in ("send", "isend") else "send"
+    if qs and qs.kind == RankStateKind.P2P and qs.peer == r and qs.op.lstrip("i") == want:
+        return None
+    return st.peer, f"{st.op} with rank {st.peer} ({_where(qs)})"
 
 
 def _where(s: RankState | None) -> str:
