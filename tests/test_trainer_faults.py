@@ -117,8 +117,10 @@ def test_straggler_sections_take_about_factor_times_longer(slow_job):
     peers = sum((dur[(6, *k[1:])] + dur[(7, *k[1:])]) / 2 for k in keys)
     # one long descheduling of rank 5 (tens of ms, not paid back past the credit cap in
     # 2 steps of ~20 ms own work) moves this sum: 5.1 was seen once in a full CI run; the
-    # pay-back itself is checked exactly in test_straggler_sleep_pays_back_lateness
-    assert 2.0 < mine / peers < 6.5, mine / peers
+    # pay-back itself is checked exactly in test_straggler_sleep_pays_back_lateness; the
+    # peers are descheduled too: 1.99 was seen once in a full CI run (3 x 0.6 = 1.8 is the
+    # -40% above), while no injection reads about 1
+    assert 1.6 < mine / peers < 6.5, mine / peers
 
 
 def test_straggler_sleep_pays_back_lateness(monkeypatch):
