@@ -254,7 +254,7 @@ def detect_stragglers(
     thr = max(math.log1p(config.min_effect), config.z * MEDIAN_SE_FACTOR * sigma / math.sqrt(k))
     num_tests = 1 + len(MEASURED)  # own work and each measured component: C of the Bonferroni
     pooled, row = _robust_sigma(lr), _row_sigma(lr)
-    persistent, score_busy, run_busy = _scan(lr, pooled, config, row)
+    persistent, score_busy, run_busy = _scan(lr, pooled, config, row, pooled)
     cus: dict[str, CusumResult] = {"busy_ns": cusum(lr, pooled, num_tests, topo.world_size, config.cusum, row)}
     persistent, score_busy, run_busy = _with_cusum(persistent, score_busy, run_busy, cus["busy_ns"])
     # per rank: its own noise (MAD about its median; sparse pauses barely move it) when
@@ -280,7 +280,7 @@ def detect_stragglers(
         lr_c = _log_ratio(comps[c], comp_refs[c])
         comp_lr[c] = lr_c
         pooled, row = _robust_sigma(lr_c), _row_sigma(lr_c)
-        hit, sc, run = _scan(lr_c, pooled, config, row)
+        hit, sc, run = _scan(lr_c, pooled, config, row, pooled)
         cus[c] = cusum(lr_c, pooled, num_tests, topo.world_size, config.cusum, row)
         hit, sc, run = _with_cusum(hit, sc, run, cus[c])
         top = _top_test(comps[c], groups, config)
@@ -370,9 +370,9 @@ def _robust_sigma(lr: np.ndarray) -> float:
     and the upper tail's Gaussian-equivalent scale ((q90 - q50) / 1.2816). On a loaded
     host a third of the rank-steps may run 1.5-2.5x slow at random; the MAD alone then
     measures the quiet two thirds only."""
-    med = float(np.median(lr))
-    tail = (float(np.quantile(lr, 0.9)) - med) / 1.2816
-    return max(_sigma(lr), tail, 1e-3)
+    med = np.median(lr)  # once: the MAD's centre too (as _sigma computes it)
+    tail = (float(np.quantile(lr, 0.9)) - float(med)) / 1.2816
+    return max(max(mad_sigma(lr, med), 1e-3), tail, 1e-3)
 
 
 def _row_sigma(lr: np.ndarray) -> np.ndarray:
@@ -390,8 +390,8 @@ def _binom_sf(h: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:
     return np.where(j >= h[..., None], terms, 0.0).sum(axis=-1)
 
 
-def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig,
-          row_sigma: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig, row_sigma: np.ndarray | None = None,
+          lr_sigma: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sequential test on log ratios (ranks x steps, oldest first) over runs of the latest
     ``n`` steps, ``scan_min_steps <= n <= steps``; a rank is flagged by either
 
@@ -407,7 +407,9 @@ def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig,
 
     Evidence accumulates with ``n``: a large slowdown is named after a few steps, a small
     one once enough steps back it; one spike never is. Returns (flagged, score: > 1 beyond
-    the threshold, the longest flagged run length) per rank."""
+    the threshold, the longest flagged run length) per rank. ``row_sigma`` and
+    ``lr_sigma`` are :func:`_row_sigma` and :func:`_robust_sigma` of ``lr`` when the
+    caller has them already."""
     num_ranks, num_steps = lr.shape
     hit = np.zeros(num_ranks, dtype=bool)
     score = np.zeros(num_ranks)
@@ -415,7 +417,8 @@ def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig,
     floor = math.log1p(config.min_effect)
     # a rank on a noisy host is judged against its own noise when that is larger than the
     # pool's (its median wanders further; it is not slower)
-    sigma = np.maximum(max(sigma, _robust_sigma(lr)), _row_sigma(lr) if row_sigma is None else row_sigma)
+    robust = _robust_sigma(lr) if lr_sigma is None else lr_sigma
+    sigma = np.maximum(max(sigma, robust), _row_sigma(lr) if row_sigma is None else row_sigma)
     exceed = {L: lr > math.log(L) for L in config.levels}
     p_other = {}
     for L, e in exceed.items():  # leave-one-out rate of exceeding L, with a pseudo-count
@@ -618,15 +621,16 @@ def _slow_links(job, topo, arr, steps, flagged, step_ns, hosts, profile, config)
         k = min(config.recent_steps, lr.shape[1])
         thr = max(math.log1p(config.link_min_effect), config.z * MEDIAN_SE_FACTOR * sigma / math.sqrt(k))
         top = _top_test(x, {0: list(range(len(gids)))}, config)
-        for i, gid in enumerate(gids):
-            med = float(np.median(lr[i, -k:]))
-            # per-step cost: the typical op's excess times the ops per step
-            excess = float(np.median((x[i, -k:] - ref[i, -k:]) * n_ops[i, -k:]))
-            significant = med > thr and (lr[i, -k:] > thr / 2).mean() >= config.persist_frac
-            if not (significant or (top[i] and med > math.log1p(config.link_min_effect))):
-                continue
-            if excess < config.link_min_step_frac * step_ns:
-                continue
+        # every group of the axis at once (thousands of TP/PP groups at fleet size); the
+        # loop below visits only the groups that pass
+        meds = np.median(lr[:, -k:], axis=1)
+        # per-step cost: the typical op's excess times the ops per step
+        excesses = np.median((x[:, -k:] - ref[:, -k:]) * n_ops[:, -k:], axis=1)
+        significant = (meds > thr) & ((lr[:, -k:] > thr / 2).mean(axis=1) >= config.persist_frac)
+        floor = math.log1p(config.link_min_effect)
+        passed = (significant | (top & (meds > floor))) & ~(excesses < config.link_min_step_frac * step_ns)
+        for i in np.nonzero(passed)[0].tolist():
+            gid, med, excess = gids[i], float(meds[i]), float(excesses[i])
             try:
                 members = topo.parse_group_id(gid)[1]
             except ValueError:
