@@ -116,9 +116,17 @@ def test_every_table_and_view_of_every_migration_gets_its_cluster_variant():
         target = re.search(r" TO `([^`]+)`", mv).group(1)
         sources = re.findall(r"\bFROM `([^`]+)`", mv)
         assert target.endswith(LOCAL_SUFFIX) and sources and all(s.endswith(LOCAL_SUFFIX) for s in sources), mv[:120]
-    assert all(" ON CLUSTER `fleetscope`" in s for s in out)
+    # a backfill runs once, from one node, into the Distributed table of an aggregating
+    # table: running it again (a re-run, a racing replica) merges to the same states
+    engines = {t.name: t.engine for t in tables}
+    backfills = [s for s in out if s.startswith("INSERT INTO ")]
+    for s in backfills:
+        target = re.match(r"INSERT INTO `([^`]+)` SELECT ", s).group(1)
+        assert engines.get(target) == "AggregatingMergeTree" and " ON CLUSTER " not in s, s[:120]
+    ddl_out = [s for s in out if s not in backfills]
+    assert all(" ON CLUSTER `fleetscope`" in s for s in ddl_out)
     # idempotent: a re-run or a racing replica is safe (re-setting a view's query is a no-op)
-    assert all("IF NOT EXISTS" in s or re.search(r"_mv` ON CLUSTER `fleetscope` MODIFY QUERY ", s) for s in out)
+    assert all("IF NOT EXISTS" in s or re.search(r"_mv` ON CLUSTER `fleetscope` MODIFY QUERY ", s) for s in ddl_out)
     assert "non_replicated_deduplication_window" not in text and "replicated_deduplication_window" in text
 
 
@@ -218,6 +226,8 @@ def localize(stmt: str, shard: str) -> str | None:
     """
     distributed_alter = re.match(r"ALTER TABLE `\w+` ON CLUSTER", stmt) and not re.match(
         r"ALTER TABLE `\w+(?:_local|_mv)`", stmt)
+    if stmt.startswith("INSERT "):
+        return None  # a backfill reads and writes the Distributed tables (the shards start empty)
     if "ENGINE = Distributed(" in stmt or distributed_alter:
         return None  # the Distributed table (or a change of its columns): a Merge table stands in
     s = stmt.replace(" ON CLUSTER `fleetscope`", "")
@@ -248,6 +258,14 @@ def synth_tables() -> dict[str, pa.Table]:
             r.pop("loss", None)
         t = codec.rows_to_table(RECORD_TYPES[name], rows)
         out[name] = t.append_column(BATCH_COLUMN, pa.array([f"b-{name}"] * t.num_rows, pa.string()))
+    # in-flight samples, three per rank, the newest one different per rank
+    t0 = time.time_ns() - 30 * 10**9
+    inflight = [{"job": "cl", "attempt": 0, "rank": r, "host": f"h{r // 4}", "ts_ns": t0 + k * 10**9 + r,
+                 "step": 7, "kind": "collective" if k < 2 else "section", "op": "all_reduce" if k < 2 else f"s{r}",
+                 "group_id": f"tp.g{r // 2}", "axis": "tp", "seq": 10 + k, "peer": -1, "since_ns": t0 - r}
+                for r in range(8) for k in (2, 0, 1)]
+    t = codec.rows_to_table(RECORD_TYPES["inflight"], inflight)
+    out["inflight"] = t.append_column(BATCH_COLUMN, pa.array(["b-inflight"] * t.num_rows, pa.string()))
     return out
 
 
@@ -296,6 +314,11 @@ def test_the_cluster_schema_on_two_shards_answers_like_one_node(chdb_client):
         sb = view_queries.rank_scores(cluster, "cl", 0, world, 0, 7).sort_values("rank").reset_index(drop=True)
         assert len(sa) == world
         pd.testing.assert_frame_equal(sa, sb, check_dtype=False)  # FINAL per shard == FINAL on one node
+        ia, ib = (view_queries.latest_inflight(s, "cl", 0).sort_values("rank").reset_index(drop=True)
+                  for s in (single, cluster))  # each rank's newest in-flight row, kept at insert time
+        assert len(ia) == world and list(ia["if_op"]) == [f"s{r}" for r in range(world)]
+        assert list(ia["if_seq"]) == [12] * world
+        pd.testing.assert_frame_equal(ia, ib, check_dtype=False)
         got = queries.written_batches(cluster.client, [f"b-{n}" for n in tables])
         assert got == queries.written_batches(single.client, [f"b-{n}" for n in tables]) == {
             (f"b-{n}", n) for n in tables}

@@ -119,7 +119,7 @@ def test_new_queries_return_what_the_old_ones_did(job):
     store.insert_arrow("jobs", codec.rows_to_table(JOBS, [{"ts_ns": now, "job": "fp-later", "attempt": 2, "dp": 1, "tp": 1, "pp": 1}]))
     later = store.query_rows(loader.ATTEMPT_LAST_STEP, {"job": "fp-later"})[0]  # a record, no steps yet
     assert later["latest_attempt"] == loader.latest_attempt(store, "fp-later") == 2 and later["n"] == 0
-    inflight = loader._df(store, loader.INFLIGHT_LATEST_IN, p)
+    inflight = loader._df(store, loader.INFLIGHT_NEWEST, p)
     _same_frame(inflight, loader._df(store, loader.INFLIGHT_LATEST, p), ["rank"])
     assert len(inflight) == TOPO.world_size
     progress, seen, quiet = loader._recent(store, p, inflight)
@@ -128,7 +128,7 @@ def test_new_queries_return_what_the_old_ones_did(job):
     assert seen == {int(r): int(t) for r, t in old_seen.itertuples(index=False)} and seen
     assert quiet == int(store.query_rows(rollups.QUIET_SINCE_SQL, p)[0]["t"]) > 0
     empty = loader._recent(store, {**p, "job": "no-such-job"},
-                           loader._df(store, loader.INFLIGHT_LATEST_IN, {**p, "job": "no-such-job"}))
+                           loader._df(store, loader.INFLIGHT_NEWEST, {**p, "job": "no-such-job"}))
     assert empty[0].empty and empty[1] == {} and empty[2] == 0
     for new, old, keys in ((loader.HOSTS_LAST_IN, loader.HOSTS_LAST, ["host"]),
                            (loader.HW_METRICS_IN, loader.HW_METRICS, ["ts_ns", "host", "name"])):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import clickhouse_connect
+import pandas as pd
 import pyarrow as pa
 import pytest
 from fleetscope.collector import Backpressure, IngestWriter, prepare
@@ -343,7 +344,7 @@ def test_migration_from_version_1_keeps_old_rows_and_unions_new_ones(env, monkey
         cols = {r["name"] for r in old.query_rows("SELECT name FROM system.columns WHERE database = 'v1_store' "
                                                   "AND table = 'step_rollup'")}  # fmt: skip
         assert "comm_union_ops" not in cols
-        assert migrate(old.client, 30) == [2] and migrate(old.client, 30) == []
+        assert migrate(old.client, 30) == [m.version for m in MIGRATIONS[1:]] and migrate(old.client, 30) == []
         insert_collectives(old, "upg-1", batches[1])  # written by the version-2 view
         insert_collectives(old, "upg-2", [_op("upg", 0, 5, 0, 10, now_ns(), "isend", "pp", 9, 1),
                                           _op("upg", 0, 5, 1, 10, now_ns(), "irecv", "pp", 9, 1)])
@@ -352,7 +353,45 @@ def test_migration_from_version_1_keeps_old_rows_and_unions_new_ones(env, monkey
         # it -> the sum; step 5: after it -> the union of the pair (11 ms, not 20)
         assert got == {1: expected[1][0], 2: expected[2][0], 3: expected[3][0], 5: 11}
         versions = [r["version"] for r in old.query_rows("SELECT version FROM schema_migrations ORDER BY version")]
-        assert versions == [1, 2]
+        assert versions == [m.version for m in MIGRATIONS]
+    finally:
+        old.close()
+
+
+def test_migration_to_version_3_backfills_each_ranks_newest_inflight_row(env, monkeypatch):
+    """A store written before ``inflight_latest`` existed: the upgrade fills it from the
+    in-flight rows of the last hour, rows arriving later go through its view, and the
+    loader's query over it answers what the query over every raw row answers."""
+    from fleetscope.server.diagnosis import loader
+
+    store, _ = env
+    store.command("CREATE DATABASE IF NOT EXISTS `v2_store`")
+    old = Store(StoreURL("chdb", path=store.url.path),
+                clickhouse_connect.get_client(dsn=f"chdb://{store.url.path}", database="v2_store"))  # fmt: skip
+    t = now_ns()
+
+    def rows(ts, op, ranks, job="bf"):
+        return codec.rows_to_table(RECORD_TYPES["inflight"], [
+            {"job": job, "attempt": 0, "rank": r, "host": f"h{r}", "ts_ns": ts + r, "step": 3, "kind": "collective",
+             "op": op, "group_id": "tp.g0", "axis": "tp", "seq": r, "peer": -1, "since_ns": ts - 10**9}
+            for r in ranks])
+
+    try:
+        monkeypatch.setattr(mig, "MIGRATIONS", MIGRATIONS[:2])
+        assert migrate(old.client, 30) == [1, 2]
+        monkeypatch.undo()
+        old.insert_arrow("inflight", rows(t - 7200 * 10**9, "too-old", range(5), job="bf-old"))  # before the backfill
+        old.insert_arrow("inflight", rows(t - 20 * 10**9, "older", range(4)))
+        old.insert_arrow("inflight", rows(t - 10 * 10**9, "newest", range(3)))
+        assert migrate(old.client, 30) == [3]
+        old.insert_arrow("inflight", rows(t - 5 * 10**9, "after", [2, 4]))  # through the view
+        p = {"job": "bf", "attempt": 0, "since_ns": t - 600 * 10**9}
+        got = loader._df(old, loader.INFLIGHT_NEWEST, p).sort_values("rank").reset_index(drop=True)
+        want = loader._df(old, loader.INFLIGHT_LATEST, p).sort_values("rank").reset_index(drop=True)
+        assert list(got["op"]) == ["newest", "newest", "after", "older", "after"]
+        pd.testing.assert_frame_equal(got, want[got.columns], check_dtype=False)
+        assert loader._df(old, loader.INFLIGHT_NEWEST, {**p, "job": "bf-old", "since_ns": 0}).empty
+        assert sorted(loader._df(old, loader.INFLIGHT_NEWEST, {**p, "since_ns": t - 15 * 10**9})["rank"]) == [0, 1, 2, 4]
     finally:
         old.close()
 

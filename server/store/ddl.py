@@ -291,6 +291,61 @@ def schema_v2_statements(ttl_days: int) -> list[str]:
     return stmts
 
 
+INFLIGHT_LATEST_TABLE: Final = "inflight_latest"
+INFLIGHT_LATEST_FIELDS: Final = (("step", "Int64"), ("kind", "String"), ("op", "String"), ("group_id", "String"),
+                                 ("axis", "String"), ("seq", "Int64"), ("peer", "Int32"), ("since_ns", "Int64"))
+"""The ``inflight`` columns of each rank's newest row kept in ``inflight_latest`` (one
+``argMax`` state of a tuple, so every field comes from the same row)."""
+_LATEST_TUPLE = "Tuple(" + ", ".join(t for _, t in INFLIGHT_LATEST_FIELDS) + ")"
+BACKFILL_S: Final = 3600
+"""Schema version 3 fills ``inflight_latest`` from the in-flight rows of this many
+seconds before the migration (the diagnosis lookback is 10 minutes)."""
+
+
+def create_inflight_latest_table(ttl_days: int) -> str:
+    """Each rank's newest in-flight row per job attempt (schema version 3), kept at insert
+    time: what the hang pass and the job page read instead of every in-flight row of the
+    job (two rows a second per rank, so the raw table grows with the job's age)."""
+    ttl = f"TTL {_seconds('ts_ns')} + toIntervalDay({int(ttl_days)})\n" if ttl_days > 0 else ""
+    return (
+        f"CREATE TABLE IF NOT EXISTS `{INFLIGHT_LATEST_TABLE}` (\n"
+        "  `job` LowCardinality(String),\n  `attempt` Int32,\n  `rank` Int32,\n"
+        "  `ts_ns` SimpleAggregateFunction(max, Int64),\n"
+        f"  `latest` AggregateFunction(argMax, {_LATEST_TUPLE}, Int64)\n"
+        ") ENGINE = AggregatingMergeTree\n"
+        "PARTITION BY toDate(toDateTime(intDiv(ts_ns, 1000000000)))\n"
+        "ORDER BY (`job`, `attempt`, `rank`)\n" + ttl + _settings()
+    )
+
+
+def inflight_latest_query(since_s: int | None = None) -> str:
+    """The ``SELECT`` that reduces in-flight rows to one state per (job, attempt, rank):
+    the view's (of one insert block) or, with ``since_s``, the backfill's (of the rows of
+    the last ``since_s`` seconds)."""
+    fields = ", ".join(f"CAST(`{n}`, '{t}')" for n, t in INFLIGHT_LATEST_FIELDS)
+    since = (f" WHERE ts_ns >= (toInt64(toUnixTimestamp(now())) - {int(since_s)}) * 1000000000"
+             if since_s is not None else "")
+    return (
+        f"SELECT job, attempt, rank, max(t) AS ts_ns, argMaxState(CAST(tuple({fields}), '{_LATEST_TUPLE}'), t) AS latest\n"
+        "FROM (SELECT job, attempt, rank, ts_ns AS t, "
+        + ", ".join(f"`{n}`" for n, _ in INFLIGHT_LATEST_FIELDS) + f" FROM `inflight`{since})\n"
+        "GROUP BY job, attempt, rank"
+    )
+
+
+def schema_v3_statements(ttl_days: int) -> list[str]:
+    """Store schema version 3: ``inflight_latest``, its view from ``inflight``, and a
+    backfill of the last :data:`BACKFILL_S` seconds (the view and the backfill may both
+    see a row inserted during the migration: ``max``/``argMax`` states merge to the same
+    answer)."""
+    return [
+        create_inflight_latest_table(ttl_days),
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS `{INFLIGHT_LATEST_TABLE}_mv` TO `{INFLIGHT_LATEST_TABLE}` AS\n"
+        + inflight_latest_query(),
+        f"INSERT INTO `{INFLIGHT_LATEST_TABLE}` {inflight_latest_query(BACKFILL_S)}",
+    ]
+
+
 def schema_v1_statements(ttl_days: int) -> list[str]:
     """Every statement of store schema version 1, in dependency order (idempotent)."""
     stmts = [create_record_table(rt, ttl_days) for rt in RECORD_TYPES.values()]

@@ -22,7 +22,7 @@ import pandas as pd
 
 from fleetscope.topology import Topology
 
-from .ddl import ROLLUP_TABLE, comm_union_sql
+from .ddl import INFLIGHT_LATEST_FIELDS, INFLIGHT_LATEST_TABLE, ROLLUP_TABLE, comm_union_sql
 
 
 @dataclass(frozen=True)
@@ -164,14 +164,16 @@ FROM heartbeats AS h WHERE h.job = {job:String} AND h.rank >= 0
 GROUP BY rank
 """
 
-LATEST_INFLIGHT = """
-SELECT rank, argMax(i.kind, i.ts_ns) AS if_kind, argMax(i.op, i.ts_ns) AS if_op,
-       argMax(i.group_id, i.ts_ns) AS if_group_id, argMax(i.seq, i.ts_ns) AS if_seq,
-       argMax(i.peer, i.ts_ns) AS if_peer, argMax(i.since_ns, i.ts_ns) AS if_since_ns,
-       argMax(i.step, i.ts_ns) AS if_step, max(i.ts_ns) AS if_ts_ns
-FROM inflight AS i WHERE i.job = {job:String} AND i.attempt = {attempt:Int32}
-GROUP BY rank
+_IF = {n: f"r.{i + 1}" for i, (n, _) in enumerate(INFLIGHT_LATEST_FIELDS)}
+LATEST_INFLIGHT = f"""
+SELECT rank, {_IF["kind"]} AS if_kind, {_IF["op"]} AS if_op, {_IF["group_id"]} AS if_group_id,
+       {_IF["seq"]} AS if_seq, {_IF["peer"]} AS if_peer, {_IF["since_ns"]} AS if_since_ns,
+       {_IF["step"]} AS if_step, if_ts_ns
+FROM (SELECT rank, argMaxMerge(latest) AS r, max(ts_ns) AS if_ts_ns FROM `{INFLIGHT_LATEST_TABLE}`
+      WHERE job = {{job:String}} AND attempt = {{attempt:Int32}} GROUP BY rank)
 """
+"""Each rank's newest in-flight row (kept at insert time: a few rows per rank, not every
+in-flight row of the job)."""
 
 _SPAN_FILTER = (
     "job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:Int64} "
