@@ -49,8 +49,9 @@ LIMIT 1 BY rank
 
 def block(world: int, ts_ns: int, second: int) -> pa.Table:
     """One second of in-flight rows of every rank (two samples each)."""
-    from fleetscope.schema import RECORD_TYPES
     from fleetscope.server.store.ddl import BATCH_COLUMN
+
+    from fleetscope.schema import RECORD_TYPES
 
     ranks = np.repeat(np.arange(world, dtype=np.int32), 2)
     ts = ts_ns + np.tile(np.array([0, 500_000_000], dtype=np.int64), world) + ranks.astype(np.int64)
