@@ -13,7 +13,7 @@ query the hang pass ran before: ``(rank, max ts)`` over the raw rows of the 10-m
 lookback, then those rows) and ``loader.INFLIGHT_NEWEST``. It checks both give the same
 rows and prints the raw rows stored, p50 seconds of each query, the ratio and the rows
 ``inflight_latest`` holds (one per rank per part not yet merged). Exit 1 if they
-differ or the new query's time grows by more than 2x from the first to the last age.
+differ or the new query's time at the last age is over twice the first's plus 20 ms.
 
     .venv/bin/python bench/inflight_latest.py                      # 12,288 ranks, 0-20 min
     .venv/bin/python bench/inflight_latest.py --world 1024 --minutes 4 --every 1   # quick
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         store.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    grows = len(news) > 1 and news[-1] > 2 * max(news[0], 0.01)
+    grows = len(news) > 1 and news[-1] > 2 * news[0] + 0.02  # (20 ms: below it, noise)
     print(f"same rows at every age: {same}; new query {'GROWS' if grows else 'flat'} with age "
           f"({news[0]:.3f} -> {news[-1]:.3f} s); load average at the end {os.getloadavg()}")
     return 0 if same and not grows else 1
