@@ -407,10 +407,7 @@ def wait_for_graph_reference(
     topo: Topology, states: Mapping[int, RankState], progress: pd.DataFrame
 ) -> dict[int, list[tuple[int, str]]]:
     """:func:`wait_for_graph` rank by rank and member by member (the definition)."""
-    last_seq: dict[tuple[int, str], int] = {}
-    if progress is not None and not progress.empty:
-        for r, g, s in progress[["rank", "group_id", "last_seq"]].itertuples(index=False):
-            last_seq[(int(r), str(g))] = int(s)
+    last_seq = _last_seqs(progress)
     edges: dict[int, list[tuple[int, str]]] = {}
     for r, st in states.items():
         if st.kind == RankStateKind.COLLECTIVE and st.group_id:

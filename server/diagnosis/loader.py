@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from fleetscope.server.store.ddl import INFLIGHT_LATEST_FIELDS, INFLIGHT_LATEST_TABLE
+from fleetscope.server.store.ddl import INFLIGHT_LATEST_FIELDS, INFLIGHT_NEWEST_ROWS, inflight_field
 
 from . import rollups
 
@@ -81,9 +81,8 @@ GROUP BY rank
 """
 
 INFLIGHT_NEWEST = f"""
-SELECT rank, last_ts, {", ".join(f"r.{i + 1} AS cur_{n}" for i, (n, _) in enumerate(INFLIGHT_LATEST_FIELDS))}
-FROM (SELECT rank, max(ts_ns) AS last_ts, argMaxMerge(latest) AS r FROM `{INFLIGHT_LATEST_TABLE}`
-      WHERE job = {{job:String}} AND attempt = {{attempt:Int32}} GROUP BY rank)
+SELECT rank, last_ts, {", ".join(f"{inflight_field(n)} AS cur_{n}" for n in INFLIGHT_LATEST_FIELDS)}
+FROM ({INFLIGHT_NEWEST_ROWS})
 WHERE last_ts >= {{since_ns:Int64}}
 """
 """:data:`INFLIGHT_LATEST` from ``inflight_latest``, the newest row per rank kept at insert

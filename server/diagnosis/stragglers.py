@@ -372,7 +372,7 @@ def _robust_sigma(lr: np.ndarray) -> float:
     measures the quiet two thirds only."""
     med = np.median(lr)  # once: the MAD's centre too (as _sigma computes it)
     tail = (float(np.quantile(lr, 0.9)) - float(med)) / 1.2816
-    return max(max(mad_sigma(lr, med), 1e-3), tail, 1e-3)
+    return max(mad_sigma(lr, med), tail, 1e-3)
 
 
 def _row_sigma(lr: np.ndarray) -> np.ndarray:

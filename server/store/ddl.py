@@ -292,11 +292,26 @@ def schema_v2_statements(ttl_days: int) -> list[str]:
 
 
 INFLIGHT_LATEST_TABLE: Final = "inflight_latest"
-INFLIGHT_LATEST_FIELDS: Final = (("step", "Int64"), ("kind", "String"), ("op", "String"), ("group_id", "String"),
-                                 ("axis", "String"), ("seq", "Int64"), ("peer", "Int32"), ("since_ns", "Int64"))
+INFLIGHT_LATEST_FIELDS: Final = ("step", "kind", "op", "group_id", "axis", "seq", "peer", "since_ns")
 """The ``inflight`` columns of each rank's newest row kept in ``inflight_latest`` (one
 ``argMax`` state of a tuple, so every field comes from the same row)."""
-_LATEST_TUPLE = "Tuple(" + ", ".join(t for _, t in INFLIGHT_LATEST_FIELDS) + ")"
+_INFLIGHT_COLUMNS = {c.name: c for c in RECORD_TYPES["inflight"].columns}
+_FIELD_TYPES = tuple(CLICKHOUSE_TYPES[_INFLIGHT_COLUMNS[n].type].replace("LowCardinality(String)", "String")
+                     for n in INFLIGHT_LATEST_FIELDS)
+_LATEST_TUPLE = "Tuple(" + ", ".join(_FIELD_TYPES) + ")"
+INFLIGHT_NEWEST_ROWS: Final = (
+    f"SELECT rank, max(ts_ns) AS last_ts, argMaxMerge(latest) AS r FROM `{INFLIGHT_LATEST_TABLE}`\n"
+    "WHERE job = {job:String} AND attempt = {attempt:Int32} GROUP BY rank"
+)
+"""Each rank's newest in-flight time (``last_ts``) and row (the tuple ``r``, fields read
+with :func:`inflight_field`) of one job attempt, from ``inflight_latest``."""
+
+
+def inflight_field(name: str) -> str:
+    """The expression of field ``name`` of :data:`INFLIGHT_NEWEST_ROWS`' tuple ``r``."""
+    return f"r.{INFLIGHT_LATEST_FIELDS.index(name) + 1}"
+
+
 BACKFILL_S: Final = 3600
 """Schema version 3 fills ``inflight_latest`` from the in-flight rows of this many
 seconds before the migration (the diagnosis lookback is 10 minutes)."""
@@ -322,13 +337,13 @@ def inflight_latest_query(since_s: int | None = None) -> str:
     """The ``SELECT`` that reduces in-flight rows to one state per (job, attempt, rank):
     the view's (of one insert block) or, with ``since_s``, the backfill's (of the rows of
     the last ``since_s`` seconds)."""
-    fields = ", ".join(f"CAST(`{n}`, '{t}')" for n, t in INFLIGHT_LATEST_FIELDS)
+    fields = ", ".join(f"CAST(`{n}`, '{t}')" for n, t in zip(INFLIGHT_LATEST_FIELDS, _FIELD_TYPES))
     since = (f" WHERE ts_ns >= (toInt64(toUnixTimestamp(now())) - {int(since_s)}) * 1000000000"
              if since_s is not None else "")
     return (
         f"SELECT job, attempt, rank, max(t) AS ts_ns, argMaxState(CAST(tuple({fields}), '{_LATEST_TUPLE}'), t) AS latest\n"
         "FROM (SELECT job, attempt, rank, ts_ns AS t, "
-        + ", ".join(f"`{n}`" for n, _ in INFLIGHT_LATEST_FIELDS) + f" FROM `inflight`{since})\n"
+        + ", ".join(f"`{n}`" for n in INFLIGHT_LATEST_FIELDS) + f" FROM `inflight`{since})\n"
         "GROUP BY job, attempt, rank"
     )
 

@@ -22,7 +22,7 @@ import pandas as pd
 
 from fleetscope.topology import Topology
 
-from .ddl import INFLIGHT_LATEST_FIELDS, INFLIGHT_LATEST_TABLE, ROLLUP_TABLE, comm_union_sql
+from .ddl import INFLIGHT_NEWEST_ROWS, ROLLUP_TABLE, comm_union_sql, inflight_field
 
 
 @dataclass(frozen=True)
@@ -164,13 +164,10 @@ FROM heartbeats AS h WHERE h.job = {job:String} AND h.rank >= 0
 GROUP BY rank
 """
 
-_IF = {n: f"r.{i + 1}" for i, (n, _) in enumerate(INFLIGHT_LATEST_FIELDS)}
 LATEST_INFLIGHT = f"""
-SELECT rank, {_IF["kind"]} AS if_kind, {_IF["op"]} AS if_op, {_IF["group_id"]} AS if_group_id,
-       {_IF["seq"]} AS if_seq, {_IF["peer"]} AS if_peer, {_IF["since_ns"]} AS if_since_ns,
-       {_IF["step"]} AS if_step, if_ts_ns
-FROM (SELECT rank, argMaxMerge(latest) AS r, max(ts_ns) AS if_ts_ns FROM `{INFLIGHT_LATEST_TABLE}`
-      WHERE job = {{job:String}} AND attempt = {{attempt:Int32}} GROUP BY rank)
+SELECT rank, {", ".join(f"{inflight_field(n)} AS if_{n}" for n in ("kind", "op", "group_id", "seq", "peer", "since_ns", "step"))},
+       last_ts AS if_ts_ns
+FROM ({INFLIGHT_NEWEST_ROWS})
 """
 """Each rank's newest in-flight row (kept at insert time: a few rows per rank, not every
 in-flight row of the job)."""
