@@ -46,6 +46,8 @@ class Batch:
     """The encoded request body, once :meth:`encode` ran."""
     pending: Pending | None = None
     """Its durable in-flight record, once the sender began it."""
+    inflight_ns: dict[tuple[str, int], int] = field(default_factory=dict)
+    """(job, rank) -> the newest ``inflight`` time among the batch's records of the rank."""
 
     @property
     def key(self) -> str:
@@ -191,7 +193,11 @@ def build_batch(host: str, frames: list[ReadFrame], ranks: RankRegistry | None) 
                 _observe(ranks, d.frame.segment, d)
             except Exception as e:  # noqa: BLE001 - liveness facts are best effort
                 log.debug("cannot read liveness facts of %s: %s", d.frame.segment.key, e)
-    return make_batch(host, good, bad)
+    batch = make_batch(host, good, bad)
+    for (job, rank, record), d in last.items():
+        if record == "inflight":
+            batch.inflight_ns[(job, rank)] = int(pc.max(d.table.column("ts_ns")).as_py())
+    return batch
 
 
 def frames_for_ranges(ranges: Iterable[Range], paths: dict[str, Path]) -> list[ReadFrame] | None:

@@ -1,8 +1,10 @@
 """Heartbeats: every ``heartbeat_s`` one row for the host and one per local rank.
 
 A rank row says whether the rank's process is alive (pid from ``rank.json``), the time
-of its last spool record, its last step and the op it is blocked in right now (from
-the hooks' ``inflight`` records). A rank that died shows ``alive = 0`` in the next
+of its last spool record, its last step, the op it is blocked in right now (from
+the hooks' ``inflight`` records) and up to which in-flight record the server has
+acknowledged every record of the rank (``acked_through_ns``: the shipper's acknowledged
+prefix, which the hang pass needs because batches may be stored out of order). A rank that died shows ``alive = 0`` in the next
 heartbeat; a host whose heartbeats stop is lost (the server's diagnosis decides).
 """
 
@@ -51,7 +53,7 @@ def heartbeat_rows(host: str, ip: str, node: str, num_gpus: int, ranks: RankRegi
         rows.append({**base, "job": s.job, "rank": s.rank, "local_rank": s.local_rank,
                      "pid": s.pid, "alive": ranks.writer_alive(s),
                      "last_record_ns": s.last_record_ns, "last_step": s.last_step,
-                     "inflight_op": current_inflight(s)})
+                     "inflight_op": current_inflight(s), "acked_through_ns": s.acked_through_ns})
     return rows
 
 

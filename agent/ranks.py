@@ -36,6 +36,9 @@ class RankState:
     last_step: int = -1
     inflight_op: str = ""
     inflight_ts_ns: int = -1
+    acked_through_ns: int = 0
+    """Newest in-flight time whose batch and every batch before it are acknowledged (0: none
+    yet): the server certifies the rank's silence only up to here."""
     info_mtime_ns: int = -1
     info_checked: float = 0.0
 
@@ -109,6 +112,14 @@ class RankRegistry:
                 st.last_step = last_step
             if inflight is not None and inflight[0] >= st.inflight_ts_ns:
                 st.inflight_ts_ns, st.inflight_op = inflight
+
+    def acked(self, through: dict[tuple[str, int], int]) -> None:
+        """Ranks' in-flight times now covered by the acknowledged prefix of the batches."""
+        with self._lock:
+            for key, ts in through.items():
+                st = self._ranks.get(key)
+                if st is not None and ts > st.acked_through_ns:
+                    st.acked_through_ns = ts
 
     def _refresh_info(self, st: RankState) -> None:
         now = time.monotonic()

@@ -36,6 +36,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,11 @@ class Shipper:
         self._ack_lock = threading.Lock()
         self._senders: list[threading.Thread] = []
         self._drain_deadline: float | None = None
+        self._order: deque[tuple[str, dict[tuple[str, int], int]]] = deque()
+        """Dispatched batches in cut order, (key, newest in-flight time per rank), until
+        they and every batch before them are acknowledged (:meth:`_advance_acked`)."""
+        self._acked_keys: set[str] = set()
+        """Acknowledged keys still behind an unacknowledged batch in ``_order``."""
         self._durable = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetscope-offsets")
         """Offset writes (begin/commit), in order, off the senders' critical path."""
         self.idle = threading.Event()
@@ -214,6 +220,8 @@ class Shipper:
         if not self.window.wait_slot(self.stop_event):
             return  # stopping: nothing of it was made pending; it is re-read next start
         self.window.add(batch.key, batch.ranges)
+        with self._ack_lock:
+            self._order.append((batch.key, batch.inflight_ns))
         if not batch.frames:  # corrupt frames only: nothing to send, done at once
             self._report_bad(batch)
             self._acked(batch)
@@ -260,11 +268,30 @@ class Shipper:
         """Commit what the ack allows: each file's contiguous acked prefix, retired batches."""
         with self._ack_lock:  # ack order = order of the durable writes
             adv = self.window.ack(batch.key)
+            self._advance_acked(batch.key)
             try:
                 self._durable.submit(self.offsets.skip, list(adv.ranges),
                                      self._bad_counters(batch), done=adv.retired)
             except RuntimeError:  # shut down while this request was still out: re-sent later
                 log.debug("batch %s acknowledged after shutdown; it stays pending", batch.key)
+
+    def _advance_acked(self, key: str) -> None:
+        """Move each rank's ``acked_through_ns`` over the batches now acknowledged with
+        every batch cut before them (lock held). A rank writes its records in order and
+        the builder reads them in order, so once this prefix is acknowledged the server
+        holds every record of the rank up to its newest in-flight record in the prefix,
+        whichever order the requests were stored in (the hang pass certifies silence
+        from it: :mod:`fleetscope.server.diagnosis.progress`)."""
+        self._acked_keys.add(key)
+        through: dict[tuple[str, int], int] = {}
+        while self._order and self._order[0][0] in self._acked_keys:
+            k, inflight = self._order.popleft()
+            self._acked_keys.discard(k)
+            for rank, ts in inflight.items():
+                if ts > through.get(rank, -1):
+                    through[rank] = ts
+        if through and self.ranks is not None:
+            self.ranks.acked(through)
 
     def _ship(self, batch: Batch) -> bool:
         """POST one pending batch (bisecting on rejection). False if stopped before the end."""

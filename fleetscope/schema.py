@@ -76,6 +76,10 @@ class Column:
     doc: str = ""
     default: Any = None
     """Value used when a JSON client omits the column; ``None`` means required."""
+    since: int = 1
+    """Store schema version that added the column (:mod:`fleetscope.server.store.migrations`):
+    the tables of an earlier version lack it, and a writer of an earlier version omits it
+    (its ``default`` fills in)."""
 
     @property
     def required(self) -> bool:
@@ -126,8 +130,8 @@ class RecordType:
         )
 
 
-def _c(name: str, t: ColType, doc: str = "", default: Any = None) -> Column:
-    return Column(name, t, doc, default)
+def _c(name: str, t: ColType, doc: str = "", default: Any = None, since: int = 1) -> Column:
+    return Column(name, t, doc, default, since)
 
 
 S, Y, I64, I32, B, F = (
@@ -248,9 +252,12 @@ HEARTBEATS = RecordType(
         _c("last_record_ns", I64, "time of the last spool record of the rank", -1),
         _c("last_step", I64, "last completed step of the rank", -1),
         _c("inflight_op", S, "current in-flight op, '' if none", ""),
+        _c("acked_through_ns", I64, "time of the rank's newest in-flight record such that it and "
+           "every record of the rank before it are acknowledged by the server (0: none yet; -1: "
+           "not reported, an older agent)", -1, since=4),
     ),
     time_column="ts_ns",
-    time_columns=("ts_ns", "last_record_ns"),
+    time_columns=("ts_ns", "last_record_ns", "acked_through_ns"),
     order_by=("host", "ts_ns"),
 )
 

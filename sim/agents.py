@@ -81,7 +81,7 @@ class SimAgents:
     def __init__(self, server: str, hosts: list[str], run_id: str, *, token: str | None = None,
                  in_flight: int = 4, senders: int = 8, compression: str | None = None,
                  timeout_s: float = 30.0, max_backoff_s: float = 5.0, clock_sync: bool = True,
-                 coalescing: CoalesceLimits | None = None) -> None:
+                 coalescing: CoalesceLimits | None = None, world_size: int = 0) -> None:
         self.hosts, self.run_id = hosts, run_id
         self.in_flight, self.compression = in_flight, compression
         self.coalescing = coalescing or CoalesceLimits()
@@ -104,6 +104,15 @@ class SimAgents:
         self.queued = [[0, 0] for _ in hosts]
         """Rows and bytes queued per host (not yet taken by a send)."""
         self.seq = [0] * len(hosts)
+        self.world_size = world_size
+        self.acked_through = np.zeros(max(world_size, 0), dtype=np.int64)
+        """Per rank, the newest in-flight time whose batch and every batch of its host
+        before it are acknowledged (the agent's ``acked_through_ns``; 0: none yet)."""
+        self._inflight_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        """(host, batch no) -> the batch's in-flight (ranks, times), until it is in the prefix."""
+        self._acked_seqs: list[set[int]] = [set() for _ in hosts]
+        self._prefix = [0] * len(hosts)
+        """Per host, the batch number up to which every batch is acknowledged."""
         self.oldest: dict[tuple[int, int], float] = {}
         """(host, batch no) -> monotonic time the batch was cut, until acknowledged."""
         self.lock = threading.Lock()
@@ -139,6 +148,11 @@ class SimAgents:
                 a, b = int(offs[h]), int(offs[h + 1])
                 if b > a:
                     per_host.setdefault(h, {})[name] = table.slice(a, b - a)
+        inflight = data.get("inflight")
+        if inflight is not None and self.world_size:
+            i_rank = inflight[0].column("rank").to_numpy().astype(np.int64)
+            i_ts = inflight[0].column("ts_ns").to_numpy().astype(np.int64)
+            i_offs = inflight[1]
         rows = 0
         now = time.monotonic()
         with self.lock:
@@ -151,6 +165,9 @@ class SimAgents:
                 self.queued[h][0] += item.num_rows
                 self.queued[h][1] += item.num_bytes
                 self.oldest[(h, self.seq[h])] = now
+                if inflight is not None and self.world_size:
+                    a, b = int(i_offs[h]), int(i_offs[h + 1])
+                    self._inflight_of[(h, self.seq[h])] = (i_rank[a:b], i_ts[a:b])
             self.stats.rows_queued += rows
             self.stats.batches_cut += len(per_host)
             for h in per_host:
@@ -188,6 +205,7 @@ class SimAgents:
                 self.outstanding[h] -= 1
                 for s in batch:
                     self.oldest.pop((h, s.item[0]), None)
+                self._advance_acked(h, [s.item[0] for s in batch])
                 self._pump(h)
                 self.idle.notify_all()
 
@@ -222,6 +240,19 @@ class SimAgents:
                     log.error("server rejected a simulated batch of %s: %s", self.hosts[h],
                               st.rejected_detail)
         return res.outcome == "ok", res.status
+
+    def _advance_acked(self, h: int, seqs: list[int]) -> None:
+        """Move ``acked_through`` of host ``h``'s ranks over the batches now acknowledged
+        with every earlier batch of the host, as the agent does (lock held). A batch
+        given up (rejected, or stopped) counts as done: the agent skips it too."""
+        done = self._acked_seqs[h]
+        done.update(seqs)
+        while self._prefix[h] + 1 in done:
+            self._prefix[h] += 1
+            done.discard(self._prefix[h])
+            got = self._inflight_of.pop((h, self._prefix[h]), None)
+            if got is not None and got[0].size:
+                np.maximum.at(self.acked_through, got[0], got[1])
 
     # ------------------------------------------------------------------ state
     def backlog(self) -> tuple[int, float]:

@@ -210,7 +210,9 @@ def run(cfg: SimConfig, stop: threading.Event | None = None) -> dict[str, Any]:
     agents = SimAgents(cfg.server, hosts, run_id=f"{cfg.job}/{cfg.seed}/{wall0}", token=cfg.token,
                        in_flight=cfg.in_flight, senders=cfg.senders or min(256, max(16, len(hosts) // 2)),
                        compression=cfg.compression,
-                       coalescing=CoalesceLimits() if cfg.coalesce else NO_COALESCING)
+                       coalescing=CoalesceLimits() if cfg.coalesce else NO_COALESCING,
+                       world_size=topo.world_size)
+    fleet.acked_through = agents.acked_through
     peak = 989e12
     fleet.add_job_row(0.0, name=cfg.job, dp=topo.dp, tp=topo.tp, pp=topo.pp, order=topo.order,
                       num_microbatches=cfg.num_microbatches,

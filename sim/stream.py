@@ -69,6 +69,9 @@ class Fleet:
         self.host_dead = np.zeros(self.num_hosts, dtype=bool)
         self.last_step = np.full(self.n, -1, dtype=np.int64)
         self.last_record = np.full(self.n, -1.0)
+        self.acked_through: np.ndarray | None = None
+        """Per rank, the newest acknowledged in-flight time of the agents' prefix (absolute
+        ns; :class:`~fleetscope.sim.agents.SimAgents` keeps it); None: not reported."""
         self.last_infl = {k: np.full(self.n, -1, dtype=t) for k, t in (
             ("kind", np.int8), ("op", np.int8), ("gidx", np.int32), ("seq", np.int64),
             ("peer", np.int32))}
@@ -302,8 +305,18 @@ class Fleet:
             pa.array(np.where(is_rank, ~self.dead[rr], True).astype(np.uint8)),
             pa.array(last_rec.astype(np.int64)),
             pa.array(np.where(is_rank, self.last_step[rr], -1).astype(np.int64)),
-            pa.array(desc.tolist(), type=pa.string())])
+            pa.array(desc.tolist(), type=pa.string()),
+            pa.array(self._acked_through(rr, is_rank))])
         return t, _offsets(h_rows, self.num_hosts)
+
+    def _acked_through(self, rr: np.ndarray, is_rank: np.ndarray) -> np.ndarray:
+        """Heartbeat ``acked_through_ns``: the agents' acknowledged prefix per rank
+        (:attr:`acked_through`, set by whoever ships the records), -1 for host rows and
+        when nothing ships through agents."""
+        acked = self.acked_through
+        if acked is None:
+            return np.full(rr.size, -1, dtype=np.int64)
+        return np.where(is_rank, acked[rr], -1).astype(np.int64)
 
     def _metrics(self, now_rel: float) -> tuple[pa.Table, np.ndarray] | None:
         gpu = self._due("gpu", now_rel, self.periods.gpu_metrics_s)

@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from fleetscope.agent.clock import ClockSync
+from fleetscope.agent.heartbeats import heartbeat_rows
 from fleetscope.agent.offsets import OffsetStore
 from fleetscope.agent.ranks import RankRegistry
 from fleetscope.agent.retention import Retention
@@ -78,8 +79,9 @@ class _Handler(BaseHTTPRequestHandler):
                 s.release.wait(30)
             if s.delay_s:
                 time.sleep(s.delay_s)
-            rows = [(r, st) for r, st in zip(*(codec.decode_batch(body)["steps"].column(c).to_pylist()
-                                                for c in ("rank", "step")))]
+            steps = codec.decode_batch(body).get("steps")
+            rows = [] if steps is None else [(r, st) for r, st in zip(*(steps.column(c).to_pylist()
+                                                                       for c in ("rank", "step")))]
             with s.cond:
                 if s.frozen:
                     status, doc = 503, {"detail": "frozen"}
@@ -314,3 +316,54 @@ def test_a_slow_server_gets_fewer_larger_requests_and_every_row_once(tmp_path):
     # rows of one file stay in order across the requests
     order = [row for key in coalesced.received for row in coalesced.stored[key]]
     assert order == sorted(order)
+
+
+def test_acked_through_moves_only_over_the_acknowledged_prefix(tmp_path):
+    """Batches acknowledged out of order: each rank's ``acked_through_ns`` (what its
+    heartbeat tells the hang pass) stays at what the contiguous acknowledged prefix holds,
+    so a later batch stored before an earlier one never certifies the earlier one's time;
+    once everything is acknowledged it is the rank's newest in-flight time."""
+    root = tmp_path
+    newest = {}
+    for r in range(3):
+        d = spool.rank_dir(root / "spool", "j", r)
+        d.mkdir(parents=True)
+        with open(d / spool.segment_name(0), "wb") as f:
+            for i in range(40):
+                t = 10**18 + i * 10**9 + r
+                steps = codec.rows_to_table(record_type("steps"), [
+                    {"job": "j", "rank": r, "step": i, "start_ns": t - 5, "end_ns": t - 1, "duration_ns": 4}])
+                inflight = codec.rows_to_table(record_type("inflight"), [
+                    {"job": "j", "rank": r, "ts_ns": t, "step": i, "kind": "collective", "op": "all_reduce",
+                     "group_id": "dp.g0", "axis": "dp", "seq": i, "peer": -1, "since_ns": t - 2}])
+                for table in (steps, inflight):
+                    f.write(spool.encode_frame(codec.table_to_ipc(table, compression=None)))
+                newest[r] = t
+    srv = Ingest()
+    srv.serve()
+    srv.hold_first.set()
+    try:
+        sh = make_shipper(root, srv.url, in_flight=4, batch_bytes=3000)
+        t = threading.Thread(target=sh.run, daemon=True)
+        t.start()
+        with srv.cond:
+            assert srv.cond.wait_for(lambda: len(srv.stored) >= 2, timeout=60), "no ack behind the held batch"
+        deadline = time.monotonic() + 30
+        while sh.stats.num_batches < 2 and time.monotonic() < deadline:  # the shipper saw the acks
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert sh.stats.num_batches >= 2
+        acked = {s.rank: s.acked_through_ns for s in sh.ranks.all()}
+        assert acked and all(v == 0 for v in acked.values()), acked  # the head batch is still out
+        srv.release.set()
+        assert sh.idle.wait(60)
+        acked = {s.rank: s.acked_through_ns for s in sh.ranks.all()}
+        assert acked == newest
+        rows = heartbeat_rows("h", "", "", 8, sh.ranks, ts_ns=10**18)
+        assert {r["rank"]: r["acked_through_ns"] for r in rows if r["rank"] >= 0} == newest
+        sh.stop()
+        t.join(30)
+        sh.transport.close()
+    finally:
+        srv.release.set()
+        srv.shutdown()

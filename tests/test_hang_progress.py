@@ -149,6 +149,38 @@ def test_silence_it_cannot_certify_stays_quiet():
     assert op.armed and op.stalled
 
 
+def test_silence_is_certified_only_up_to_what_the_agents_say_is_acknowledged():
+    """A later batch stored before an earlier one (several requests of an agent on the
+    wire, one of them throttled and retried): the store holds ranks' newest in-flight
+    records but not the ops they completed before. The heartbeats' ``acked_through_ns``
+    bound the certified silence, so no stall is declared from the hole; -1 (an older
+    agent) keeps the stored in-flight time; the largest value any heartbeat said counts."""
+    f = _frames()
+    now, inf = _at_quiet(f, 25)
+    hb = _hb(now)
+    # host h1's prefix is acknowledged only up to 5 s after the last completion
+    hb["acked_through_ns"] = [now if r < 4 else _last(f) + 5 * S for r in range(8)]
+    for reference in (False, True):
+        op = progress_stall(now, list(range(8)), f["collectives"], f["sections"], inf, hb,
+                            int(f["steps"]["step"].max()), 0, hang_op_min_s=CFG.hang_op_min_s,
+                            hang_k=CFG.hang_k, min_history_steps=CFG.op_min_history_steps,
+                            min_blocked_s=CFG.min_blocked_s, reference=reference)
+        assert op.armed and not op.stalled
+        assert op.quiet_s == pytest.approx(5.0 - CERTIFY_MARGIN_NS / S)
+        assert op.horizon_ns == _last(f) + 5 * S - CERTIFY_MARGIN_NS
+    assert not _stall(f, now, inf, hb=hb).stalled
+    # nothing of rank 6 acknowledged yet (0): nothing of the job is certified
+    zero = hb.assign(acked_through_ns=[now if r != 6 else 0 for r in range(8)])
+    assert not _stall(f, now, inf, hb=zero).stalled and _stall(f, now, inf, hb=zero).quiet_s == 0
+    # an older agent says nothing (-1): its stored in-flight time stands, as before
+    older = hb.assign(acked_through_ns=-1)
+    assert _stall(f, now, inf, hb=older).stalled
+    # heartbeats arrive in any order: each one was true when sent, so the maximum holds
+    later = pd.concat([hb, hb.assign(ts_ns=now - 2 * S, acked_through_ns=now)], ignore_index=True)
+    op = _stall(f, now, inf, hb=later)
+    assert op.stalled and op.quiet_s == pytest.approx(25.0)
+
+
 def test_every_rank_busy_outside_ops_is_not_a_hang():
     f = _frames()
     now, inf = _at_quiet(f, 25)

@@ -200,7 +200,32 @@ def test_batches_are_valid_agent_batches_of_every_record_type():
     assert {r["rank"] for r in infl} == set(range(16))
     hb = data["heartbeats"][0].to_pylist()
     assert sum(1 for r in hb if r["rank"] == -1) == 4 and sum(1 for r in hb if r["rank"] >= 0) == 16
+    assert {r["acked_through_ns"] for r in hb} == {-1}  # no agents: nothing said
     assert {r["source"] for r in data["metrics"][0].to_pylist()} == {"gpu", "host", "hooks"}
+
+
+def test_simulated_agents_say_acked_through_of_the_acknowledged_prefix_only():
+    """As the agent: a host's later batch acknowledged first moves nothing; when the gap
+    closes, each rank gets the newest in-flight time of the prefix, into its heartbeats."""
+    import numpy as np
+    from fleetscope.sim.agents import SimAgents
+
+    agents = SimAgents("http://127.0.0.1:9", ["h0", "h1"], "acked-test", clock_sync=False, world_size=4)
+    try:
+        for seq, ts in ((1, 100), (2, 200), (3, 300)):
+            agents._inflight_of[(0, seq)] = (np.array([0, 1]), np.array([ts, ts + 1]))
+        agents._inflight_of[(1, 1)] = (np.array([2, 3, 3]), np.array([50, 70, 60]))
+        agents._advance_acked(0, [2, 3])  # batch 1 of host 0 still out
+        assert agents.acked_through.tolist() == [0, 0, 0, 0]
+        agents._advance_acked(1, [1])
+        agents._advance_acked(0, [1])
+        assert agents.acked_through.tolist() == [300, 301, 50, 70]
+        fleet, _ = fleet_batches(Topology(dp=2, tp=2, pp=1), 1, gph=2)
+        fleet.acked_through = agents.acked_through
+        hb = fleet.take(60e9)["heartbeats"][0].to_pylist()
+        assert {r["rank"]: r["acked_through_ns"] for r in hb} == {-1: -1, 0: 300, 1: 301, 2: 50, 3: 70}
+    finally:
+        agents.close()
 
 
 def test_hung_ranks_keep_reporting_what_they_wait_in():

@@ -383,7 +383,7 @@ def test_migration_to_version_3_backfills_each_ranks_newest_inflight_row(env, mo
         old.insert_arrow("inflight", rows(t - 7200 * 10**9, "too-old", range(5), job="bf-old"))  # before the backfill
         old.insert_arrow("inflight", rows(t - 20 * 10**9, "older", range(4)))
         old.insert_arrow("inflight", rows(t - 10 * 10**9, "newest", range(3)))
-        assert migrate(old.client, 30) == [3]
+        assert migrate(old.client, 30) == [m.version for m in MIGRATIONS[2:]]
         old.insert_arrow("inflight", rows(t - 5 * 10**9, "after", [2, 4]))  # through the view
         p = {"job": "bf", "attempt": 0, "since_ns": t - 600 * 10**9}
         got = loader._df(old, loader.INFLIGHT_NEWEST, p).sort_values("rank").reset_index(drop=True)
@@ -392,6 +392,47 @@ def test_migration_to_version_3_backfills_each_ranks_newest_inflight_row(env, mo
         pd.testing.assert_frame_equal(got, want[got.columns], check_dtype=False)
         assert loader._df(old, loader.INFLIGHT_NEWEST, {**p, "job": "bf-old", "since_ns": 0}).empty
         assert sorted(loader._df(old, loader.INFLIGHT_NEWEST, {**p, "since_ns": t - 15 * 10**9})["rank"]) == [0, 1, 2, 4]
+    finally:
+        old.close()
+
+
+def test_migration_to_version_4_adds_acked_through_to_heartbeats(env, monkeypatch):
+    """A store of version 3: its heartbeat rows read ``acked_through_ns = -1`` (not said)
+    after the upgrade; rows of new agents carry it, rows of older agents (no such column
+    on the wire) get -1; the hang pass's heartbeat query keeps, per rank, the largest value
+    an agent said and -1 only where none did."""
+    from fleetscope.server.diagnosis import loader
+
+    store, _ = env
+    store.command("CREATE DATABASE IF NOT EXISTS `v3_store`")
+    old = Store(StoreURL("chdb", path=store.url.path),
+                clickhouse_connect.get_client(dsn=f"chdb://{store.url.path}", database="v3_store"))  # fmt: skip
+    t = now_ns()
+    rt = RECORD_TYPES["heartbeats"]
+
+    def beat(ts, rank, **extra):
+        return {"ts_ns": ts, "job": "hb", "host": "h0", "rank": rank, "local_rank": rank, **extra}
+
+    try:
+        monkeypatch.setattr(mig, "MIGRATIONS", MIGRATIONS[:3])
+        assert migrate(old.client, 30) == [1, 2, 3]
+        monkeypatch.undo()
+        v3 = codec.rows_to_table(rt, [beat(t - 9 * 10**9, 0), beat(t - 9 * 10**9, 1)])
+        old.insert_arrow("heartbeats", v3.drop_columns(["acked_through_ns"]))  # a v3 table
+        assert migrate(old.client, 30) == [4]
+        assert migrate(old.client, 30) == []  # idempotent
+        old.insert_arrow("heartbeats", codec.rows_to_table(rt, [
+            beat(t - 4 * 10**9, 0, acked_through_ns=t - 5 * 10**9),
+            beat(t - 2 * 10**9, 0, acked_through_ns=t - 6 * 10**9),  # reordered: the max holds
+            beat(t - 2 * 10**9, 2, acked_through_ns=0)]))  # nothing acknowledged yet
+        older_agent = codec.conform(rt, v3.drop_columns(["acked_through_ns"]).slice(1, 1))
+        assert older_agent.column("acked_through_ns").to_pylist() == [-1]
+        old.insert_arrow("heartbeats", older_agent)
+        got = loader._df(old, loader.HEARTBEATS_LATEST, {"job": "hb", "hosts": ["h0"], "since_ns": t - 60 * 10**9},
+                         loader.HEARTBEAT_COLUMNS)
+        acked = dict(zip(got["rank"], got["acked_through_ns"]))
+        assert acked == {0: t - 5 * 10**9, 1: -1, 2: 0}
+        assert set(loader.HEARTBEAT_COLUMNS) == set(got.columns)
     finally:
         old.close()
 

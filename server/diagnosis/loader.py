@@ -94,12 +94,17 @@ them, as ``argMax`` did."""
 
 HEARTBEATS_LATEST = """
 SELECT rank, host, max(ts_ns) AS last_ts, argMax(alive, ts_ns) AS cur_alive, argMax(pid, ts_ns) AS cur_pid,
-       minIf(ts_ns, alive = 0) AS dead_since_ns, max(last_step) AS spool_last_step
+       minIf(ts_ns, alive = 0) AS dead_since_ns, max(last_step) AS spool_last_step,
+       ifNull(maxIfOrNull(acked_through_ns, acked_through_ns != -1), -1) AS acked_through_ns
 FROM heartbeats
 WHERE ts_ns >= {since_ns:Int64}
   AND (job = {job:String} OR (rank = -1 AND has({hosts:Array(String)}, host)))
 GROUP BY rank, host
 """
+
+HEARTBEAT_COLUMNS = ["rank", "host", "ts_ns", "alive", "pid", "dead_since_ns", "spool_last_step",
+                     "acked_through_ns"]
+"""The columns of :data:`HEARTBEATS_LATEST` (what an empty answer has)."""
 
 LAST_SEEN = """
 SELECT rank, max(t) AS last_seen_ns FROM (
@@ -331,8 +336,7 @@ def load_job_frames(
         step_times=_df(store, STEP_TIMES, {**p, "from_step": max(last_step - mfu_window_steps + 1, 0)},
                        ["step", "duration_ns", "end_ns"]),
         inflight=_df(store, INFLIGHT_LATEST, p),
-        heartbeats=_df(store, HEARTBEATS_LATEST, p, ["rank", "host", "ts_ns", "alive", "pid", "dead_since_ns",
-                                                      "spool_last_step"]),
+        heartbeats=_df(store, HEARTBEATS_LATEST, p, HEARTBEAT_COLUMNS),
         progress=_df(store, PROGRESS, {**p, "from_step": max(last_step - 2, 0)}, ["rank", "group_id", "last_seq"]),
         last_seen={},
         log_events=_df(store, LOG_EVENTS, p) if hardware else pd.DataFrame(),
@@ -382,8 +386,7 @@ def load_reduced_frames(
         step_times=_df(store, STEP_TIMES, {**p, "from_step": max(last_step - mfu_window_steps + 1, 0)},
                        ["step", "duration_ns", "end_ns"]),
         inflight=inflight,
-        heartbeats=_df(store, HEARTBEATS_LATEST, p, ["rank", "host", "ts_ns", "alive", "pid", "dead_since_ns",
-                                                      "spool_last_step"]),
+        heartbeats=_df(store, HEARTBEATS_LATEST, p, HEARTBEAT_COLUMNS),
         progress=(rec[0] if rec is not None else
                   _df(store, PROGRESS, {**p, "from_step": recent}, ["rank", "group_id", "last_seq"])),
         last_seen={},

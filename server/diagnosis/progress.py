@@ -15,13 +15,19 @@ longer than any silence the job had in its recent healthy steps, instead of wait
 for ``hang_k`` whole step times.
 
 The silence is *certified* by the data, never inferred from missing data: every rank
-ships its records in order (its in-flight liveness record every 0.5 s is flushed
-together with, or after, every op it completed before), so a rank whose latest
-in-flight record has time ``h`` completed nothing after its last stored completion up
-to ``h`` (less :data:`CERTIFY_MARGIN_NS`). The job-wide silence is known up to ``min`` over the live ranks of ``h``; a
-rank with no in-flight record disarms the signal (nothing is known about it), a rank
-whose process is gone (and whose records the store holds) cannot complete anything.
-Late or stopped shipping therefore shortens the certified silence instead of faking one.
+writes its records in order (its in-flight liveness record every 0.5 s is written
+together with, or after, every op it completed before), so once the store holds a
+rank's in-flight record of time ``h`` *and every record the rank wrote before it*, the
+rank completed nothing after its last stored completion up to ``h`` (less
+:data:`CERTIFY_MARGIN_NS`). An agent has several batches on the wire at once, so the
+store may hold a later batch of a host before an earlier one; the agent's heartbeat
+therefore says, per rank, the newest in-flight time whose batch and every batch before
+it are acknowledged (``acked_through_ns``), and ``h`` is the smaller of that and the
+newest stored in-flight time (an older agent that does not say it: the stored one).
+The job-wide silence is known up to ``min`` over the live ranks of ``h``; a rank with no
+in-flight record disarms the signal (nothing is known about it), a rank whose process
+is gone (and whose records the store holds) cannot complete anything. Late, stopped or
+reordered shipping therefore shortens the certified silence instead of faking one.
 
 The history excludes the attempt's first (warm-up) step and needs
 ``op_min_history_steps`` complete steps; before that only the step-stall rule applies.
@@ -133,7 +139,7 @@ def progress_stall(
         collectives: window of ``collectives`` rows (rank, step, state, completed_ns).
         sections: window of ``sections`` rows (rank, step, end_ns).
         inflight: latest ``inflight`` row per rank (rank, ts_ns, kind, since_ns).
-        heartbeats: latest heartbeat per rank (rank, alive[, caught_up]).
+        heartbeats: latest heartbeat per rank (rank, alive[, caught_up][, acked_through_ns]).
         last_step: newest step any rank completed (-1: none).
         first_step: first step of this attempt (its warm-up step, excluded from history).
         hang_op_min_s: floor of the silence threshold.
@@ -185,7 +191,21 @@ def _horizon(ranks: list[int], inflight: pd.DataFrame | None,
     have = t.notna().to_numpy()
     if not have.all() or not live.size:
         return 0, live[~have].tolist()
-    return int(t.to_numpy().astype(np.int64).min()) - CERTIFY_MARGIN_NS, []
+    h = t.to_numpy().astype(np.int64)
+    acked = _acked_through(heartbeats)
+    if not acked.empty:  # a rank whose agent says nothing keeps its stored time
+        h = np.minimum(h, acked.reindex(live, fill_value=np.iinfo(np.int64).max).to_numpy(dtype=np.int64))
+    return int(h.min()) - CERTIFY_MARGIN_NS, []
+
+
+def _acked_through(heartbeats: pd.DataFrame | None) -> pd.Series:
+    """Per rank whose agent says it (``-1``: it does not), the newest in-flight time up to
+    which the store holds every record of the rank (the maximum over its heartbeats: each
+    one was true when it was sent, whatever order they arrive in)."""
+    if heartbeats is None or heartbeats.empty or "acked_through_ns" not in heartbeats:
+        return pd.Series(dtype="int64")
+    hb = heartbeats[(heartbeats["rank"] >= 0) & (heartbeats["acked_through_ns"] != -1)]
+    return hb.groupby("rank")["acked_through_ns"].max().astype("int64")
 
 
 def _gone(heartbeats: pd.DataFrame | None) -> np.ndarray:
@@ -217,7 +237,12 @@ def _horizon_reference(ranks: list[int], inflight: pd.DataFrame | None,
     unknown = [r for r in live if r not in latest]
     if unknown or not live:
         return 0, unknown
-    return min(latest[r] for r in live) - CERTIFY_MARGIN_NS, []
+    acked: dict[int, int] = {}
+    if heartbeats is not None and not heartbeats.empty and "acked_through_ns" in heartbeats:
+        for r, a in heartbeats[["rank", "acked_through_ns"]].itertuples(index=False):
+            if r >= 0 and a != -1:
+                acked[int(r)] = max(acked.get(int(r), int(a)), int(a))
+    return min(min(latest[r], acked.get(r, latest[r])) for r in live) - CERTIFY_MARGIN_NS, []
 
 
 def _blocked(inflight: pd.DataFrame | None, min_blocked_s: float) -> tuple[int, ...]:

@@ -97,10 +97,20 @@ def ttl_clause(rt: RecordType, ttl_days: int) -> str:
     return f"TTL {_seconds(rt.time_column)} + toIntervalDay({int(ttl_days)})"
 
 
-def column_defs(rt: RecordType) -> list[tuple[str, str]]:
-    """(name, ClickHouse type) of every stored column, the hidden one last."""
-    cols = [(c.name, CLICKHOUSE_TYPES[c.type]) for c in rt.columns]
+def column_defs(rt: RecordType, version: int = 1) -> list[tuple[str, str]]:
+    """(name, ClickHouse type) of every column a table of store schema ``version`` was
+    created with, the hidden one last (later columns come by ``ALTER``:
+    :func:`added_columns`)."""
+    cols = [(c.name, CLICKHOUSE_TYPES[c.type]) for c in rt.columns if c.since <= version]
     return cols + [(BATCH_COLUMN, "LowCardinality(String)")]
+
+
+def added_columns(version: int) -> list[str]:
+    """``ALTER TABLE ... ADD COLUMN`` of every record column that store schema ``version``
+    adds, with its default (what the rows written before it read)."""
+    return [f"ALTER TABLE `{rt.name}` ADD COLUMN IF NOT EXISTS `{c.name}` {CLICKHOUSE_TYPES[c.type]} "
+            f"DEFAULT {c.default!r}"
+            for rt in RECORD_TYPES.values() for c in rt.columns if c.since == version]
 
 
 def create_record_table(rt: RecordType, ttl_days: int) -> str:
@@ -359,6 +369,14 @@ def schema_v3_statements(ttl_days: int) -> list[str]:
         + inflight_latest_query(),
         f"INSERT INTO `{INFLIGHT_LATEST_TABLE}` {inflight_latest_query(BACKFILL_S)}",
     ]
+
+
+def schema_v4_statements(ttl_days: int) -> list[str]:
+    """Store schema version 4: heartbeats say up to when each rank's records are
+    acknowledged (``acked_through_ns``), so the hang pass certifies silence from what the
+    store holds even when an agent's batches arrive out of order."""
+    del ttl_days
+    return added_columns(4)
 
 
 def schema_v1_statements(ttl_days: int) -> list[str]:
