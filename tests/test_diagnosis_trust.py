@@ -201,6 +201,35 @@ def test_corrected_hang_culprit_updates_the_incident_and_pages_once(tmp_path):
         assert len(list(s.scalars(select(AlertOutbox)))) == 2
 
 
+def test_a_hang_paged_without_culprit_pages_the_culprit_once_it_is_found(tmp_path):
+    """A stall certain before the records that localise it arrive (an agent far behind at
+    fleet scale) pages with no culprit; the culprit found later is paged once, as a
+    revision of the same incident, not silently written into it."""
+    from fleetscope.server.alerts.outbox import enqueue_incident
+    from fleetscope.server.alerts.rules import install_defaults
+    from fleetscope.server.db import open_db
+    from fleetscope.server.db.diagnosis_models import AlertOutbox, Webhook
+    from fleetscope.server.diagnosis.incidents import sync_incidents
+    from sqlalchemy import select
+
+    factory = open_db(f"sqlite:///{tmp_path / 'c.db'}")
+    with factory() as s:
+        install_defaults(s)
+        s.add(Webhook(name="w", url="http://127.0.0.1:9/x", secret="s", enabled=True, created_ns=1))
+        s.commit()
+        for t, culprits in ((10, []), (20, []), (30, [6]), (40, [6])):
+            found = keep_culprits(_hang([]), _hang(culprits)) if t > 10 else _hang(culprits)
+            for ch in sync_incidents(s, "j", [found.to_finding()], t, 20.0):
+                enqueue_incident(s, ch.incident, t)
+            if t == 30:
+                inc = ch.incident
+        assert json.loads(inc.ranks) == [6] and inc.summary.startswith("culprit found: [6]")
+        ev = json.loads(inc.evidence)
+        assert ev["culprit_revision"] == 1 and ev["culprit_corrections"][0]["from"] == []
+        rows = list(s.scalars(select(AlertOutbox).order_by(AlertOutbox.id)))
+        assert [json.loads(r.alert)["annotations"]["culprit_ranks"] for r in rows] == ["[]", "[6]"]
+
+
 @pytest.mark.parametrize("rank", [
     # Against the trainer's schedule as the simulator plays it, a noise-free what-if
     # over-estimated this first-stage straggler's cost by 40% at 5% op noise (0.146 vs

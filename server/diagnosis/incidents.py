@@ -124,9 +124,12 @@ def _culprit_revision(inc: Incident, f: Finding, d: dict) -> str:
     rev = int(old_ev.get("culprit_revision", 0))
     old_ranks = json.loads(inc.ranks or "[]")
     ev = d["evidence"]
-    if old_ranks and sorted(old_ranks) != sorted(f.ranks):
+    if sorted(old_ranks) != sorted(f.ranks) and (old_ranks or f.ranks):
+        # also a first culprit after a page that named none (the stall was certain before
+        # the records that localise it had arrived): the operator must hear who it is
         rev += 1
-        why = (ev.get("culprit_changed") or {}).get("why", "new evidence")
+        why = (ev.get("culprit_changed") or {}).get("why", "new evidence") if old_ranks else \
+            "localised once the ranks' records arrived"
         ev["culprit_corrections"] = old_ev.get("culprit_corrections", []) + [
             {"from": old_ranks, "to": list(f.ranks), "why": why}]
     elif old_ev.get("culprit_corrections"):
@@ -134,6 +137,8 @@ def _culprit_revision(inc: Incident, f: Finding, d: dict) -> str:
     if rev:
         ev["culprit_revision"] = rev
         last = ev["culprit_corrections"][-1]
+        if not last["from"]:
+            return f"culprit found: {last['to']} ({last['why']}); {f.summary}"
         return f"culprit corrected from {last['from']} to {last['to']} ({last['why']}); {f.summary}"
     return f.summary
 
