@@ -30,7 +30,9 @@ from pathlib import Path
 import clickhouse_connect
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
+from fleetscope.server.diagnosis import loader
 from fleetscope.server.store import Store, StoreURL, queries, view_queries
 from fleetscope.server.store.cluster import (
     LOCAL_SUFFIX,
@@ -266,7 +268,19 @@ def synth_tables() -> dict[str, pa.Table]:
                 for r in range(8) for k in (2, 0, 1)]
     t = codec.rows_to_table(RECORD_TYPES["inflight"], inflight)
     out["inflight"] = t.append_column(BATCH_COLUMN, pa.array(["b-inflight"] * t.num_rows, pa.string()))
+    # heartbeats (sharded by host, their state by job and rank): rank 5 dies at the last one
+    beats = [{"ts_ns": t0 + k * 2 * 10**9, "job": "cl", "host": f"h{r // 4}", "rank": r, "local_rank": r % 4,
+              "pid": 100 + r, "alive": int(not (r == 5 and k == 2)), "last_step": 5 + k,
+              "acked_through_ns": t0 + k * 2 * 10**9 - 10**9 if r % 2 else -1}
+             for r in range(-1, 8) for k in range(3)]
+    t = codec.rows_to_table(RECORD_TYPES["heartbeats"], beats)
+    out["heartbeats"] = t.append_column(BATCH_COLUMN, pa.array(["b-heartbeats"] * t.num_rows, pa.string()))
     return out
+
+
+def t0_of(tables: dict[str, pa.Table]) -> int:
+    """The first heartbeat time of :func:`synth_tables`."""
+    return int(pc.min(tables["heartbeats"].column("ts_ns")).as_py())
 
 
 def test_the_cluster_schema_on_two_shards_answers_like_one_node(chdb_client):
@@ -319,6 +333,12 @@ def test_the_cluster_schema_on_two_shards_answers_like_one_node(chdb_client):
         assert len(ia) == world and list(ia["if_op"]) == [f"s{r}" for r in range(world)]
         assert list(ia["if_seq"]) == [12] * world
         pd.testing.assert_frame_equal(ia, ib, check_dtype=False)
+        p = {"job": "cl", "hosts": ["h0", "h1"], "since_ns": 0}
+        ha, hb = (loader._df(s, loader.HEARTBEATS_NEWEST, p).sort_values(["rank", "host"]).reset_index(drop=True)
+                  for s in (single, cluster))  # each rank process's heartbeat state, kept at insert time
+        assert len(ha) == world + 1 and list(ha.loc[ha["rank"] == 5, "alive"]) == [0]
+        assert list(ha.loc[ha["rank"] == 3, "acked_through_ns"]) == [t0_of(tables) + 3 * 10**9]
+        pd.testing.assert_frame_equal(ha, hb, check_dtype=False)
         got = queries.written_batches(cluster.client, [f"b-{n}" for n in tables])
         assert got == queries.written_batches(single.client, [f"b-{n}" for n in tables]) == {
             (f"b-{n}", n) for n in tables}

@@ -17,7 +17,7 @@ from fleetscope.server.store import Store
 from fleetscope.sim.offline import job_tables
 
 from fleetscope import codec
-from fleetscope.schema import JOBS, METRICS
+from fleetscope.schema import JOBS, METRICS, RECORD_TYPES
 from fleetscope.topology import Topology
 
 TOPO = Topology(dp=2, tp=2, pp=2)
@@ -130,7 +130,19 @@ def test_new_queries_return_what_the_old_ones_did(job):
     empty = loader._recent(store, {**p, "job": "no-such-job"},
                            loader._df(store, loader.INFLIGHT_NEWEST, {**p, "job": "no-such-job"}))
     assert empty[0].empty and empty[1] == {} and empty[2] == 0
-    for new, old, keys in ((loader.HOSTS_LAST_IN, loader.HOSTS_LAST, ["host"]),
+    hb = RECORD_TYPES["heartbeats"]
+    store.insert_arrow("heartbeats", codec.rows_to_table(hb, [  # rank 3 dies; another host's row
+        {"ts_ns": now - k * 10**9, "job": JOB, "host": "fpc-h0", "rank": 3, "local_rank": 3, "pid": 77,
+         "alive": int(k > 3), "last_step": 11, "acked_through_ns": now - (k + 1) * 10**9} for k in range(8)] + [
+        {"ts_ns": now - 10**9, "job": "", "host": "other-host", "rank": -1},
+        {"ts_ns": now - 10**9, "job": "other-job", "host": "fpc-h1", "rank": -1}]))
+    got, want = (loader._df(store, q, p, loader.HEARTBEAT_COLUMNS) for q in (loader.HEARTBEATS_NEWEST,
+                                                                          loader.HEARTBEATS_LATEST))
+    _same_frame(got, want, ["rank", "host"])
+    assert len(got) >= TOPO.world_size and set(got["host"]) <= set(hosts)
+    died = got[got["rank"] == 3].iloc[0]
+    assert (died["alive"], died["pid"], died["dead_since_ns"], died["acked_through_ns"]) == (0, 77, now - 3 * 10**9, now - 10**9)
+    for new, old, keys in ((loader.HOSTS_LAST_NEWEST, loader.HOSTS_LAST, ["host"]),
                            (loader.HW_METRICS_IN, loader.HW_METRICS, ["ts_ns", "host", "name"])):
         got, want = store.query_df(new, p), store.query_df(old, p)
         assert len(got) and set(got["host"]) <= set(hosts)

@@ -419,7 +419,7 @@ def test_migration_to_version_4_adds_acked_through_to_heartbeats(env, monkeypatc
         monkeypatch.undo()
         v3 = codec.rows_to_table(rt, [beat(t - 9 * 10**9, 0), beat(t - 9 * 10**9, 1)])
         old.insert_arrow("heartbeats", v3.drop_columns(["acked_through_ns"]))  # a v3 table
-        assert migrate(old.client, 30) == [4]
+        assert migrate(old.client, 30) == [m.version for m in MIGRATIONS[3:]]
         assert migrate(old.client, 30) == []  # idempotent
         old.insert_arrow("heartbeats", codec.rows_to_table(rt, [
             beat(t - 4 * 10**9, 0, acked_through_ns=t - 5 * 10**9),
@@ -433,6 +433,52 @@ def test_migration_to_version_4_adds_acked_through_to_heartbeats(env, monkeypatc
         acked = dict(zip(got["rank"], got["acked_through_ns"]))
         assert acked == {0: t - 5 * 10**9, 1: -1, 2: 0}
         assert set(loader.HEARTBEAT_COLUMNS) == set(got.columns)
+    finally:
+        old.close()
+
+
+def test_migration_to_version_5_backfills_each_rank_processs_heartbeat_state(env, monkeypatch):
+    """A store of version 4 with heartbeats: the upgrade fills ``heartbeats_latest`` from
+    the last hour, later heartbeats go through its view, and the hang pass's query over it
+    answers what the query over every raw heartbeat answers (alive, pid, dead since, step,
+    acknowledged prefix, the job's hosts' own rows)."""
+    from fleetscope.server.diagnosis import loader
+
+    store, _ = env
+    store.command("CREATE DATABASE IF NOT EXISTS `v4_store`")
+    old = Store(StoreURL("chdb", path=store.url.path),
+                clickhouse_connect.get_client(dsn=f"chdb://{store.url.path}", database="v4_store"))  # fmt: skip
+    t = now_ns()
+    rt = RECORD_TYPES["heartbeats"]
+
+    def beats(ts, ranks, alive=1, job="hb5", host="h0", **extra):
+        return codec.rows_to_table(rt, [{"ts_ns": ts + r, "job": job, "host": host, "rank": r, "local_rank": r,
+                                         "pid": 100 + r, "alive": alive, "last_step": 4, **extra} for r in ranks])
+
+    try:
+        monkeypatch.setattr(mig, "MIGRATIONS", MIGRATIONS[:4])
+        assert migrate(old.client, 30) == [1, 2, 3, 4]
+        monkeypatch.undo()
+        old.insert_arrow("heartbeats", beats(t - 7200 * 10**9, range(3), job="hb5-old"))  # before the backfill
+        old.insert_arrow("heartbeats", beats(t - 30 * 10**9, range(4), acked_through_ns=t - 31 * 10**9))
+        old.insert_arrow("heartbeats", beats(t - 20 * 10**9, [2], alive=0))  # rank 2 dies
+        old.insert_arrow("heartbeats", beats(t - 20 * 10**9, [-1], job=""))  # the host's own row
+        assert migrate(old.client, 30) == [5]
+        old.insert_arrow("heartbeats", beats(t - 10 * 10**9, [0, 2, 3], alive=1, last_step=6))  # through the view
+        old.insert_arrow("heartbeats", beats(t - 5 * 10**9, [2], alive=0))
+        p = {"job": "hb5", "hosts": ["h0"], "since_ns": t - 600 * 10**9}
+        cols = loader.HEARTBEAT_COLUMNS
+        got = loader._df(old, loader.HEARTBEATS_NEWEST, p, cols).sort_values(["rank", "host"]).reset_index(drop=True)
+        want = loader._df(old, loader.HEARTBEATS_LATEST, p, cols).sort_values(["rank", "host"]).reset_index(drop=True)
+        assert list(got["rank"]) == [-1, 0, 1, 2, 3]
+        assert list(got["alive"]) == [1, 1, 1, 0, 1] and list(got["spool_last_step"]) == [4, 6, 4, 6, 6]
+        assert list(got["acked_through_ns"]) == [-1] + [t - 31 * 10**9] * 4  # -1 rows: not said
+        pd.testing.assert_frame_equal(got, want[got.columns], check_dtype=False)
+        assert loader._df(old, loader.HEARTBEATS_NEWEST, {**p, "job": "hb5-old", "hosts": [], "since_ns": 0}).empty
+        recent = loader._df(old, loader.HEARTBEATS_NEWEST, {**p, "since_ns": t - 15 * 10**9})
+        assert sorted(recent["rank"]) == [0, 2, 3]
+        host = old.query_rows(loader.HOSTS_LAST_NEWEST, p)
+        assert host == old.query_rows(loader.HOSTS_LAST, p) and len(host) == 1
     finally:
         old.close()
 

@@ -21,7 +21,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from fleetscope.server.store.ddl import INFLIGHT_LATEST_FIELDS, INFLIGHT_NEWEST_ROWS, inflight_field
+from fleetscope.server.store.ddl import (
+    HEARTBEATS_LATEST_TABLE,
+    HEARTBEATS_NEWEST,
+    INFLIGHT_LATEST_FIELDS,
+    INFLIGHT_NEWEST_ROWS,
+    inflight_field,
+)
 
 from . import rollups
 
@@ -147,7 +153,13 @@ WHERE ts_ns >= {since_ns:Int64} AND has({hosts:Array(String)}, host)
 ORDER BY ts_ns DESC LIMIT 5000
 """
 
-HOSTS_LAST_IN = HOSTS_LAST.replace("has({hosts:Array(String)}, host)", "host IN {hosts:Array(String)}")
+HOSTS_LAST_NEWEST = f"""
+SELECT host, max(ts_ns) AS last_ns FROM `{HEARTBEATS_LATEST_TABLE}`
+WHERE host IN {{hosts:Array(String)}}
+GROUP BY host HAVING last_ns >= {{since_ns:Int64}}
+"""
+""":data:`HOSTS_LAST` from ``heartbeats_latest`` (a few rows per rank process, not every
+heartbeat of the lookback)."""
 """:data:`HOSTS_LAST` with the host list as a set: ``has(array, host)`` compares every row
 with every host (6 s at 1,536 hosts); ``IN`` hashes them and uses the ``(host, ts_ns)``
 key (0.03 s)."""
@@ -287,9 +299,9 @@ def named_queries() -> dict[str, str]:
     mine = {"latest_attempt": LATEST_ATTEMPT, "last_step": LAST_STEP, "steps": STEPS,
             "steps_latest": STEPS_LATEST, "step_times": STEP_TIMES, "sections": SECTIONS,
             "collectives": COLLECTIVES, "progress": PROGRESS, "inflight_latest": INFLIGHT_LATEST,
-            "heartbeats_latest": HEARTBEATS_LATEST, "last_seen": LAST_SEEN, "log_events": LOG_EVENTS,
+            "heartbeats_latest": HEARTBEATS_LATEST, "heartbeats_newest": HEARTBEATS_NEWEST, "last_seen": LAST_SEEN, "log_events": LOG_EVENTS,
             "hw_metrics": HW_METRICS, "hosts_last": HOSTS_LAST,
-            "attempt_last_step": ATTEMPT_LAST_STEP, "recent": RECENT, "hosts_last_in": HOSTS_LAST_IN,
+            "attempt_last_step": ATTEMPT_LAST_STEP, "recent": RECENT, "hosts_last_newest": HOSTS_LAST_NEWEST,
             "hw_metrics_in": HW_METRICS_IN, "inflight_newest": INFLIGHT_NEWEST,
             "recent_work": RECENT_WORK}
     return {**mine, **{f"rollup_{k}": v for k, v in rollups.QUERIES.items()}}
@@ -386,7 +398,7 @@ def load_reduced_frames(
         step_times=_df(store, STEP_TIMES, {**p, "from_step": max(last_step - mfu_window_steps + 1, 0)},
                        ["step", "duration_ns", "end_ns"]),
         inflight=inflight,
-        heartbeats=_df(store, HEARTBEATS_LATEST, p, HEARTBEAT_COLUMNS),
+        heartbeats=_df(store, HEARTBEATS_NEWEST if fast else HEARTBEATS_LATEST, p, HEARTBEAT_COLUMNS),
         progress=(rec[0] if rec is not None else
                   _df(store, PROGRESS, {**p, "from_step": recent}, ["rank", "group_id", "last_seq"])),
         last_seen={},
@@ -399,7 +411,7 @@ def load_reduced_frames(
     else:
         ls = _df(store, LAST_SEEN, {**p, "from_step": recent}, ["rank", "last_seen_ns"])
         frames.last_seen = {int(a): int(b) for a, b in ls.itertuples(index=False)}
-    hl = store.query_rows(HOSTS_LAST_IN if fast else HOSTS_LAST, p) if hosts else []
+    hl = store.query_rows(HOSTS_LAST_NEWEST if fast else HOSTS_LAST, p) if hosts else []
     frames.host_last_ns = {str(x["host"]): int(x["last_ns"]) for x in hl}
     _caught_up(frames.heartbeats, steps)
     if last_step >= 0:

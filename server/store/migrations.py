@@ -42,6 +42,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "rollup communication as the union of a rank-step's op intervals", ddl.schema_v2_statements),
     Migration(3, "each rank's newest in-flight row kept at insert time", ddl.schema_v3_statements),
     Migration(4, "heartbeats say up to when each rank's records are acknowledged", ddl.schema_v4_statements),
+    Migration(5, "each rank process's heartbeat state kept at insert time", ddl.schema_v5_statements),
 )
 
 
