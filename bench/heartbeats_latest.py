@@ -10,9 +10,12 @@ keeps one state per rank process at insert time (``heartbeats_latest``, an
 This bench writes ``--minutes`` of heartbeats for ``--world`` ranks (8 per host, one
 insert block of every row per beat, as agents ship them; one rank dies half way) into
 an embedded store and after each ``--every`` minutes times, alternately, the baseline
-(``loader.HEARTBEATS_LATEST`` + ``HOSTS_LAST`` over raw rows) and the new queries
+(what the fast pass ran before: ``loader.HEARTBEATS_LATEST`` and :data:`HOSTS_LAST_IN`
+over raw rows) and the new queries
 (``HEARTBEATS_NEWEST`` + ``HOSTS_LAST_NEWEST``). It checks both give the same rows and
-prints the raw rows stored, p50 seconds of each pair, the ratio and the state rows kept.
+prints the raw rows stored, p50 seconds of each pair, the ratio and the state rows kept;
+then the same for the job page's heartbeat query (``view_queries.LATEST_HEARTBEATS``
+against :data:`PAGE_BEFORE`).
 Exit 1 if they differ or the new pair's time at the last age is over twice the first's
 plus 20 ms.
 
@@ -36,6 +39,21 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BEAT_S = 2
+HOSTS_LAST_IN = """
+SELECT host, max(ts_ns) AS last_ns FROM heartbeats
+WHERE ts_ns >= {since_ns:Int64} AND host IN {hosts:Array(String)}
+GROUP BY host
+"""
+"""The fast pass's per-host query before schema version 5 (``loader.HOSTS_LAST`` with
+``IN``, which uses the table's key; ``has()`` does not)."""
+PAGE_BEFORE = """
+SELECT rank, argMax(h.host, h.ts_ns) AS hb_host, max(h.ts_ns) AS hb_ts_ns, argMax(h.alive, h.ts_ns) AS hb_alive,
+       argMax(h.last_step, h.ts_ns) AS hb_last_step, argMax(h.inflight_op, h.ts_ns) AS hb_inflight_op
+FROM heartbeats AS h WHERE h.job = {job:String} AND h.rank >= 0
+GROUP BY rank
+"""
+"""The job page's heartbeat query before schema version 5 (every heartbeat of the job,
+no time bound)."""
 
 
 def beat(world: int, ts_ns: int, n: int, dead_rank: int, dead_from: int) -> pa.Table:
@@ -78,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--world must be a positive multiple of 8; --minutes, --every and --repeat positive")
 
     from fleetscope.server.diagnosis import loader
-    from fleetscope.server.store import Store
+    from fleetscope.server.store import Store, view_queries
 
     tmp = Path(tempfile.mkdtemp(prefix="fs-heartbeats-"))
     store = Store.open(f"chdb://{tmp}", ttl_days=0)
@@ -87,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     hosts = [f"h{h:05d}" for h in range(args.world // 8)]
     print(f"heartbeats_latest: {args.world:,} ranks, {len(hosts):,} hosts, {args.minutes:g} min of heartbeats "
           f"(one row per rank and host every {BEAT_S} s); load average {os.getloadavg()}", flush=True)
-    print(f"  {'age':>7} {'raw rows':>12} {'baseline p50':>13} {'new p50':>9} {'new/base':>9} {'kept rows':>10}")
+    print(f"  {'age':>7} {'raw rows':>12} {'baseline p50':>13} {'new p50':>9} {'new/base':>9} {'kept rows':>10}"
+          f" {'page before':>12} {'page new':>9}")
     marks = sorted({int(m * 60 / BEAT_S) for m in np.arange(args.every, args.minutes + 1e-9, args.every)} | {30})
-    base_q = (loader.HEARTBEATS_LATEST, loader.HOSTS_LAST)
+    base_q = (loader.HEARTBEATS_LATEST, HOSTS_LAST_IN)
     new_q = (loader.HEARTBEATS_NEWEST, loader.HOSTS_LAST_NEWEST)
     news: list[float] = []
     same = True
@@ -110,16 +129,25 @@ def main(argv: list[str] | None = None) -> int:
                     hl = store.query_rows(host_sql, p)
                     times[kind].append(time.perf_counter() - a)
                     got[kind] = (df, hl)
+            page: dict[str, list[float]] = {"b": [], "n": []}
+            for i in range(args.repeat):
+                for kind in (("b", "n") if i % 2 == 0 else ("n", "b")):
+                    a = time.perf_counter()
+                    pdf = store.query_df(PAGE_BEFORE if kind == "b" else view_queries.LATEST_HEARTBEATS, p)
+                    page[kind].append(time.perf_counter() - a)
+                    got["p" + kind] = (pdf.sort_values("rank").reset_index(drop=True), None)
             a, b = (got[k][0].sort_values(["rank", "host"]).reset_index(drop=True) for k in ("b", "n"))
             ok = len(a) == args.world + len(hosts) and a.astype(str).equals(b[list(a.columns)].astype(str)) \
-                and sorted(map(str, got["b"][1])) == sorted(map(str, got["n"][1]))
+                and sorted(map(str, got["b"][1])) == sorted(map(str, got["n"][1])) \
+                and got["pb"][0].astype(str).equals(got["pn"][0][list(got["pb"][0].columns)].astype(str))
             same &= ok
             raw = store.query_rows("SELECT count() AS n FROM heartbeats")[0]["n"]
             kept = store.query_rows("SELECT count() AS n FROM heartbeats_latest")[0]["n"]
             bp, nps = float(np.median(times["b"])), float(np.median(times["n"]))
             news.append(nps)
             print(f"  {(n + 1) * BEAT_S / 60:>5.1f} m {raw:>12,} {bp:>11.3f} s {nps:>7.3f} s {nps / bp:>9.3f} "
-                  f"{kept:>10,}{'' if ok else '  DIFFERENT ROWS'}", flush=True)
+                  f"{kept:>10,} {np.median(page['b']):>10.3f} s {np.median(page['n']):>7.3f} s"
+                  f"{'' if ok else '  DIFFERENT ROWS'}", flush=True)
     finally:
         store.close()
         shutil.rmtree(tmp, ignore_errors=True)

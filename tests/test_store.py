@@ -437,6 +437,15 @@ def test_migration_to_version_4_adds_acked_through_to_heartbeats(env, monkeypatc
         old.close()
 
 
+RAW_LATEST_HEARTBEATS = """
+SELECT rank, argMax(h.host, h.ts_ns) AS hb_host, max(h.ts_ns) AS hb_ts_ns, argMax(h.alive, h.ts_ns) AS hb_alive,
+       argMax(h.last_step, h.ts_ns) AS hb_last_step, argMax(h.inflight_op, h.ts_ns) AS hb_inflight_op
+FROM heartbeats AS h WHERE h.job = {job:String} AND h.rank >= 0
+GROUP BY rank
+"""
+"""The job page's heartbeat query before schema version 5 (every heartbeat of the job)."""
+
+
 def test_migration_to_version_5_backfills_each_rank_processs_heartbeat_state(env, monkeypatch):
     """A store of version 4 with heartbeats: the upgrade fills ``heartbeats_latest`` from
     the last hour, later heartbeats go through its view, and the hang pass's query over it
@@ -465,7 +474,7 @@ def test_migration_to_version_5_backfills_each_rank_processs_heartbeat_state(env
         old.insert_arrow("heartbeats", beats(t - 20 * 10**9, [-1], job=""))  # the host's own row
         assert migrate(old.client, 30) == [5]
         old.insert_arrow("heartbeats", beats(t - 10 * 10**9, [0, 2, 3], alive=1, last_step=6))  # through the view
-        old.insert_arrow("heartbeats", beats(t - 5 * 10**9, [2], alive=0))
+        old.insert_arrow("heartbeats", beats(t - 5 * 10**9, [2], alive=0, last_step=6))
         p = {"job": "hb5", "hosts": ["h0"], "since_ns": t - 600 * 10**9}
         cols = loader.HEARTBEAT_COLUMNS
         got = loader._df(old, loader.HEARTBEATS_NEWEST, p, cols).sort_values(["rank", "host"]).reset_index(drop=True)
@@ -479,6 +488,12 @@ def test_migration_to_version_5_backfills_each_rank_processs_heartbeat_state(env
         assert sorted(recent["rank"]) == [0, 2, 3]
         host = old.query_rows(loader.HOSTS_LAST_NEWEST, p)
         assert host == old.query_rows(loader.HOSTS_LAST, p) and len(host) == 1
+        old.insert_arrow("heartbeats", beats(t - 2 * 10**9, [3], last_step=6,
+                                             inflight_op="collective:all_reduce dp.g0 seq=9"))
+        page = view_queries.latest_heartbeats(old, "hb5").sort_values("rank").reset_index(drop=True)
+        raw = old.query_df(RAW_LATEST_HEARTBEATS, {"job": "hb5"}).sort_values("rank").reset_index(drop=True)
+        pd.testing.assert_frame_equal(page, raw[page.columns], check_dtype=False)  # the job page's query
+        assert list(page["hb_alive"]) == [1, 1, 0, 1] and page["hb_inflight_op"].iloc[3].startswith("collective:")
     finally:
         old.close()
 

@@ -386,11 +386,12 @@ _UNSAID: Final = "toInt64(-9223372036854775808)"
 
 def create_heartbeats_latest_table(ttl_days: int) -> str:
     """Each rank process's heartbeat state (schema version 5), kept at insert time, keyed
-    ``(job, rank, host, pid)``: its newest time, ``alive`` then, its first dead heartbeat
-    (a process's death is one event: a restarted rank is a new pid), its newest step and
-    the largest ``acked_through_ns`` its agent said. The hang pass and the health checks
+    ``(job, rank, host, pid)``: its newest time, ``alive`` and in-flight op then, its
+    first dead heartbeat (a process's death is one event: a restarted rank is a new pid),
+    its newest step and the largest ``acked_through_ns`` its agent said. The hang pass and the health checks
     read these few rows per rank instead of every heartbeat of the lookback (one per rank
-    every 2 s: 4.1 M rows in 10 minutes at 12,288 ranks)."""
+    every 2 s: 4.1 M rows in 10 minutes at 12,288 ranks), and the job page instead of
+    every heartbeat of the job."""
     ttl = f"TTL {_seconds('ts_ns')} + toIntervalDay({int(ttl_days)})\n" if ttl_days > 0 else ""
     return (
         f"CREATE TABLE IF NOT EXISTS `{HEARTBEATS_LATEST_TABLE}` (\n"
@@ -399,7 +400,8 @@ def create_heartbeats_latest_table(ttl_days: int) -> str:
         "  `alive` AggregateFunction(argMax, UInt8, Int64),\n"
         "  `dead_since_ns` SimpleAggregateFunction(min, Int64),\n"
         "  `last_step` SimpleAggregateFunction(max, Int64),\n"
-        "  `acked_through_ns` SimpleAggregateFunction(max, Int64)\n"
+        "  `acked_through_ns` SimpleAggregateFunction(max, Int64),\n"
+        "  `inflight_op` AggregateFunction(argMax, String, Int64)\n"
         ") ENGINE = AggregatingMergeTree\n"
         "PARTITION BY toDate(toDateTime(intDiv(ts_ns, 1000000000)))\n"
         "ORDER BY (`job`, `rank`, `host`, `pid`)\n" + ttl + _settings()
@@ -414,9 +416,9 @@ def heartbeats_latest_query(since_s: int | None = None) -> str:
     return (
         "SELECT job, rank, host, pid, max(t) AS ts_ns, argMaxState(a, t) AS alive,\n"
         f"       min(if(a = 0, t, {_NEVER})) AS dead_since_ns, max(s) AS last_step,\n"
-        f"       max(if(k = -1, {_UNSAID}, k)) AS acked_through_ns\n"
-        "FROM (SELECT job, rank, host, pid, ts_ns AS t, alive AS a, last_step AS s, acked_through_ns AS k "
-        f"FROM `heartbeats`{since})\nGROUP BY job, rank, host, pid"
+        f"       max(if(k = -1, {_UNSAID}, k)) AS acked_through_ns, argMaxState(o, t) AS inflight_op\n"
+        "FROM (SELECT job, rank, host, pid, ts_ns AS t, alive AS a, last_step AS s, acked_through_ns AS k, "
+        f"CAST(inflight_op, 'String') AS o FROM `heartbeats`{since})\nGROUP BY job, rank, host, pid"
     )
 
 

@@ -22,7 +22,13 @@ import pandas as pd
 
 from fleetscope.topology import Topology
 
-from .ddl import INFLIGHT_NEWEST_ROWS, ROLLUP_TABLE, comm_union_sql, inflight_field
+from .ddl import (
+    HEARTBEATS_LATEST_TABLE,
+    INFLIGHT_NEWEST_ROWS,
+    ROLLUP_TABLE,
+    comm_union_sql,
+    inflight_field,
+)
 
 
 @dataclass(frozen=True)
@@ -157,12 +163,16 @@ WHERE job = {{job:String}} AND attempt = {{attempt:Int32}} AND step_ns > 0
 GROUP BY rank
 """
 
-LATEST_HEARTBEATS = """
-SELECT rank, argMax(h.host, h.ts_ns) AS hb_host, max(h.ts_ns) AS hb_ts_ns, argMax(h.alive, h.ts_ns) AS hb_alive,
-       argMax(h.last_step, h.ts_ns) AS hb_last_step, argMax(h.inflight_op, h.ts_ns) AS hb_inflight_op
-FROM heartbeats AS h WHERE h.job = {job:String} AND h.rank >= 0
+LATEST_HEARTBEATS = f"""
+SELECT rank, argMax(host, t) AS hb_host, max(t) AS hb_ts_ns, argMax(a, t) AS hb_alive,
+       argMax(s, t) AS hb_last_step, argMax(o, t) AS hb_inflight_op
+FROM (SELECT rank, host, pid, max(ts_ns) AS t, argMaxMerge(alive) AS a, max(last_step) AS s,
+             argMaxMerge(inflight_op) AS o
+      FROM `{HEARTBEATS_LATEST_TABLE}` WHERE job = {{job:String}} AND rank >= 0 GROUP BY rank, host, pid)
 GROUP BY rank
 """
+"""Each rank's newest heartbeat (host, time, alive, step, in-flight op) from
+``heartbeats_latest``: a few state rows per rank however long the job has run."""
 
 LATEST_INFLIGHT = f"""
 SELECT rank, {", ".join(f"{inflight_field(n)} AS if_{n}" for n in ("kind", "op", "group_id", "seq", "peer", "since_ns", "step"))},
