@@ -1,11 +1,12 @@
 """Heartbeats: every ``heartbeat_s`` one row for the host and one per local rank.
 
 A rank row says whether the rank's process is alive (pid from ``rank.json``), the time
-of its last spool record, its last step, the op it is blocked in right now (from
-the hooks' ``inflight`` records) and up to which in-flight record the server has
+of its last spool record, its last step, the op it is blocked in right now (from the
+hooks' ``inflight`` records) and up to which in-flight record the server has
 acknowledged every record of the rank (``acked_through_ns``: the shipper's acknowledged
-prefix, which the hang pass needs because batches may be stored out of order). A rank that died shows ``alive = 0`` in the next
-heartbeat; a host whose heartbeats stop is lost (the server's diagnosis decides).
+prefix, which the hang pass needs because batches may be stored out of order). A rank
+that died shows ``alive = 0`` in the next heartbeat; a host whose heartbeats stop is
+lost (the server's diagnosis decides).
 """
 
 from __future__ import annotations
