@@ -331,10 +331,7 @@ def test_migration_from_version_1_keeps_old_rows_and_unions_new_ones(env, monkey
     """A store written by schema version 1 is upgraded in place: its rows read as before (the
     sum), ops that arrive after the upgrade are counted as the union, even for a rank-step
     that straddles the upgrade (then its whole rank-step reads the sum: never a mix)."""
-    store, _ = env
-    store.command("CREATE DATABASE IF NOT EXISTS `v1_store`")
-    old = Store(StoreURL("chdb", path=store.url.path),
-                clickhouse_connect.get_client(dsn=f"chdb://{store.url.path}", database="v1_store"))  # fmt: skip
+    old = older_store(env[0], "v1_store")
     try:
         monkeypatch.setattr(mig, "MIGRATIONS", MIGRATIONS[:1])
         assert migrate(old.client, 30) == [1]
@@ -358,16 +355,20 @@ def test_migration_from_version_1_keeps_old_rows_and_unions_new_ones(env, monkey
         old.close()
 
 
+def older_store(store: Store, database: str) -> Store:
+    """A store in its own database of the same chDB, to be migrated step by step."""
+    store.command(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+    return Store(StoreURL("chdb", path=store.url.path),
+                 clickhouse_connect.get_client(dsn=f"chdb://{store.url.path}", database=database))
+
+
 def test_migration_to_version_3_backfills_each_ranks_newest_inflight_row(env, monkeypatch):
     """A store written before ``inflight_latest`` existed: the upgrade fills it from the
     in-flight rows of the last hour, rows arriving later go through its view, and the
     loader's query over it answers what the query over every raw row answers."""
     from fleetscope.server.diagnosis import loader
 
-    store, _ = env
-    store.command("CREATE DATABASE IF NOT EXISTS `v2_store`")
-    old = Store(StoreURL("chdb", path=store.url.path),
-                clickhouse_connect.get_client(dsn=f"chdb://{store.url.path}", database="v2_store"))  # fmt: skip
+    old = older_store(env[0], "v2_store")
     t = now_ns()
 
     def rows(ts, op, ranks, job="bf"):
@@ -403,10 +404,7 @@ def test_migration_to_version_4_adds_acked_through_to_heartbeats(env, monkeypatc
     an agent said and -1 only where none did."""
     from fleetscope.server.diagnosis import loader
 
-    store, _ = env
-    store.command("CREATE DATABASE IF NOT EXISTS `v3_store`")
-    old = Store(StoreURL("chdb", path=store.url.path),
-                clickhouse_connect.get_client(dsn=f"chdb://{store.url.path}", database="v3_store"))  # fmt: skip
+    old = older_store(env[0], "v3_store")
     t = now_ns()
     rt = RECORD_TYPES["heartbeats"]
 
@@ -453,10 +451,7 @@ def test_migration_to_version_5_backfills_each_rank_processs_heartbeat_state(env
     acknowledged prefix, the job's hosts' own rows)."""
     from fleetscope.server.diagnosis import loader
 
-    store, _ = env
-    store.command("CREATE DATABASE IF NOT EXISTS `v4_store`")
-    old = Store(StoreURL("chdb", path=store.url.path),
-                clickhouse_connect.get_client(dsn=f"chdb://{store.url.path}", database="v4_store"))  # fmt: skip
+    old = older_store(env[0], "v4_store")
     t = now_ns()
     rt = RECORD_TYPES["heartbeats"]
 
