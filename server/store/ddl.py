@@ -107,10 +107,11 @@ def column_defs(rt: RecordType, version: int = 1) -> list[tuple[str, str]]:
 
 def added_columns(version: int) -> list[str]:
     """``ALTER TABLE ... ADD COLUMN`` of every record column that store schema ``version``
-    adds, with its default (what the rows written before it read)."""
+    adds, with its default (what the rows written before it read), in its place in the
+    schema (before the hidden batch column, as a table created today has it)."""
     return [f"ALTER TABLE `{rt.name}` ADD COLUMN IF NOT EXISTS `{c.name}` {CLICKHOUSE_TYPES[c.type]} "
-            f"DEFAULT {c.default!r}"
-            for rt in RECORD_TYPES.values() for c in rt.columns if c.since == version]
+            f"DEFAULT {c.default!r} AFTER `{rt.columns[i - 1].name}`"
+            for rt in RECORD_TYPES.values() for i, c in enumerate(rt.columns) if c.since == version]
 
 
 def create_record_table(rt: RecordType, ttl_days: int) -> str:
