@@ -332,11 +332,13 @@ def spool_frames(spool_dir: Path, job: str, world: int) -> dict:
 
 
 def spool_noise(spool_dir: Path, job: str, layout: tuple[int, int, int], rank: int, onset_step: int,
-                section: str) -> dict[str, float]:
+                section: str, judged: tuple[int, int] | None = None) -> dict[str, float]:
     """Per-step noise (robust sigma of the log ratio to the stage peers' median, the
     detector's input) of ``section``'s component, ``rank``'s median ratio over the steps
-    from ``onset_step`` (first and last step left out), and the CUSUM's expected steps
-    for a 1.2x at that noise."""
+    from ``onset_step`` (first and last step left out) - over the steps ``judged`` (first,
+    last) where given, those the finding's ``factor`` was measured on, so that both
+    figures are of the same steps (an injected sleep overshoots by more or less as the
+    machine's load changes) - and the CUSUM's expected steps for a 1.2x at that noise."""
     import numpy as np
     from fleetscope.server.diagnosis.breakdown import rank_step_breakdown
     from fleetscope.server.diagnosis.sequential import expected_delay
@@ -355,6 +357,8 @@ def spool_noise(spool_dir: Path, job: str, layout: tuple[int, int, int], rank: i
     if rank not in ranks or not steps:
         return {}
     after = [j for j, st in enumerate(steps) if st >= onset_step]
+    if judged is not None:
+        after = [j for j in after if judged[0] <= steps[j] <= judged[1]] or after
     ratio = float(np.exp(np.median(lr[ranks.index(rank), after]))) if after else float("nan")
     return {"sigma": round(sigma, 3), "ratio": round(ratio, 3),
             "cusum_steps_1.2x": round(expected_delay(sigma, 1.2, topo.world_size), 1)}
@@ -434,12 +438,6 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
     res.straggler_findings = [(i["kind"], i["ranks"], i["group_id"]) for i in items if i["kind"] in STRAGGLER]
     if sc.paired:
         res.step_s = job_step_s(spool_dir, job, world, sc.onset_step + 2)
-        if sc.factor and sc.culprits:
-            section = "dataloader" if "section=dataloader" in " ".join(sc.inject) else "compute"
-            try:
-                res.noise = spool_noise(spool_dir, job, sc.layout, min(sc.culprits), sc.onset_step, section)
-            except Exception as e:  # the figure is a diagnostic; the run's verdict stands
-                print(f"    (noise of {tag} not measured: {e})", flush=True)
     onset = None
     if sc.culprits and not clean:
         onset = job_onset_ns(spool_dir, job, sc.culprits, sc.onset_step, world)
@@ -455,6 +453,16 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
             res.component = res.component or ev.get("component", "")
             if sc.throttle_rank in i["ranks"][:1]:
                 res.hardware_joined = bool(ev.get("hardware_events"))
+        if sc.paired and sc.factor and sc.culprits:
+            section = "dataloader" if "section=dataloader" in " ".join(sc.inject) else "compute"
+            rank = min(sc.culprits)
+            own = [i for i in match if i["ranks"][:1] == [rank] and (i.get("evidence") or {}).get("judged_steps")]
+            judged = ((own[0]["last_step"] - int(own[0]["evidence"]["judged_steps"]) + 1, own[0]["last_step"])
+                      if own else None)
+            try:
+                res.noise = spool_noise(spool_dir, job, sc.layout, rank, sc.onset_step, section, judged)
+            except Exception as e:  # the figure is a diagnostic; the run's verdict stands
+                print(f"    (noise of {tag} not measured: {e})", flush=True)
         strongest = max(match, key=lambda i: i["est_slowdown"])
         res.whatif = strongest["est_slowdown"] if not hangs else None
         # the evidence as it was when the alert fired (the incident's is from the last pass,
