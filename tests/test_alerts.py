@@ -168,3 +168,43 @@ def test_dispatcher_woken_from_a_worker_thread_delivers_at_once(db):
     finally:
         rx.close()
     assert rx.num_posts == 1 and rx.deliveries[0].at_monotonic_s - t0 < 3.0
+
+
+def test_final_pass_of_a_finished_job_is_never_seen_open(db, tmp_path, monkeypatch):
+    """A finished job's final pass stores what it finds already resolved, in one
+    transaction: a reader between two commits (the API, a test polling it) must never see
+    the incident open, and nothing pages for it."""
+    from types import SimpleNamespace
+
+    from fleetscope.server.alerts.outbox import OutboxSink
+    from fleetscope.server.db.models import Job
+    from fleetscope.server.diagnosis import loop as loop_mod
+    from fleetscope.server.settings import Settings
+    from sqlalchemy import event
+
+    with db() as s:
+        s.add(Job(id="j", attempt=0, status="finished", dp=2, tp=2, pp=2, updated_ns=NOW))
+        s.commit()
+        row = s.get(Job, "j")
+    result = SimpleNamespace(findings=[straggler()])  # what close_job reads of a pass
+    monkeypatch.setattr(loop_mod, "diagnose_job", lambda *a, **k: result)
+    app = SimpleNamespace(state=SimpleNamespace(settings=Settings(), db=db, store=None,
+                                                alert_dispatcher=None))
+    diag = loop_mod.DiagnosisLoop(app, OutboxSink())
+    seen: list[list[str]] = []
+
+    def look(session):  # what another connection sees at each commit of the loop's session
+        with db() as other:
+            seen.append([i.status for i in other.scalars(select(Incident).where(Incident.job == "j"))])
+
+    event.listen(db, "after_commit", look)
+    try:
+        assert diag.close_job(row) == 0  # nothing pages for a job that is over
+    finally:
+        event.remove(db, "after_commit", look)
+    with db() as s:
+        [inc] = s.scalars(select(Incident).where(Incident.job == "j"))
+        assert inc.status == "resolved" and inc.resolution == "job finished"
+        assert s.scalars(select(AlertOutbox)).all() == []
+    assert seen and all(state in ([], ["resolved"]) for state in seen), seen
+    diag._pool.shutdown(wait=False)

@@ -49,11 +49,13 @@ def incident_key(f: Finding) -> str:
 
 def sync_incidents(session: Session, job: str, findings: list[Finding], now_ns: int,
                    resolve_after_s: float, job_finished: bool = False,
-                   resolve_missing: bool = True) -> list[Change]:
+                   resolve_missing: bool = True, commit: bool = True) -> list[Change]:
     """Apply one pass's findings to the job's incidents; returns what changed.
 
     ``resolve_missing=False`` for a partial pass (only some detectors ran): incidents
-    absent from ``findings`` are left alone.
+    absent from ``findings`` are left alone. ``commit=False`` leaves the changes in the
+    session's transaction, for a caller that makes more in the same one (a finished job's
+    final findings must never be seen open: they are stored already resolved).
     """
     open_rows = {i.key: i for i in session.scalars(
         select(Incident).where(Incident.job == job, Incident.status.in_(OPEN_STATES)))}
@@ -112,7 +114,8 @@ def sync_incidents(session: Session, job: str, findings: list[Finding], now_ns: 
             inc.updated_ns = now_ns
             inc.resolution = "job finished" if job_finished else f"not detected for {gone_s:.0f}s"
             changes.append(Change(inc, "resolved"))
-    session.commit()
+    if commit:
+        session.commit()
     return changes
 
 

@@ -265,7 +265,8 @@ class DiagnosisLoop(PeriodicAlertingService):
         except Exception:
             log.exception("final diagnosis of job %s failed", row.id)
         with self.app.state.db() as s:
-            sync_incidents(s, row.id, final, now, self.resolve_after_s, resolve_missing=False)
+            # one transaction: a reader sees the final findings only once they are resolved
+            sync_incidents(s, row.id, final, now, self.resolve_after_s, resolve_missing=False, commit=False)
             changes = sync_incidents(s, row.id, [], now, self.resolve_after_s, job_finished=True)
             # resolved alerts go only where a firing one went: the new ones page nobody
             queued = sum(self.sink.notify(s, ch.incident, now) for ch in changes)
