@@ -138,6 +138,20 @@ def assert_store_equals_spool(store_url: str, spool_dir: Path, job: str) -> None
         assert row["uniq"] == row["count"], f"{rec}: duplicates in the store"
 
 
+def poll_until(cond, timeout_s: float) -> bool:
+    """Poll ``cond`` every millisecond (a short-lived state: a batch in flight) until it
+    holds or ``timeout_s`` passes; returns whether it held."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            if cond():
+                return True
+        except (OSError, ValueError):  # the state file being replaced
+            pass
+        time.sleep(0.001)
+    return False
+
+
 def test_kill_9_agent_at_random_points_exact_once(tmp_path):
     seed = int(os.environ.get("FLEETSCOPE_TEST_SEED", time.time_ns() % 10**6))
     rng = random.Random(seed)
@@ -151,12 +165,18 @@ def test_kill_9_agent_at_random_points_exact_once(tmp_path):
         agent = start_agent(sp, srv.base_url, log, *args)
         num_kills = kills_in_flight = 0
         offsets_file = sp / ".fleetscope-agent" / "offsets.json"
-        for _ in range(5):
-            # kill while it ships: after its next durable write, at a random moment
+        for i in range(5):
+            # kill while it ships: after its next durable write, at a random moment; the
+            # second kill (and any later one, until one has) waits for a batch recorded as
+            # sent and not yet acknowledged, so at least one kill lands in flight whatever
+            # the machine's speed (a fast server acknowledges most batches at once)
             before = offsets_file.stat().st_mtime_ns if offsets_file.exists() else 0
             wait_for(lambda b=before: offsets_file.exists() and offsets_file.stat().st_mtime_ns != b,
                      120, "the agent to make progress")
-            time.sleep(rng.uniform(0.0, 0.6))
+            if i >= 1 and not kills_in_flight:
+                poll_until(lambda: bool(state(sp).get("pending")), 30)
+            else:
+                time.sleep(rng.uniform(0.0, 0.6))
             agent.send_signal(signal.SIGKILL)
             agent.wait()
             num_kills += 1
