@@ -339,6 +339,13 @@ def test_the_cluster_schema_on_two_shards_answers_like_one_node(chdb_client):
         assert len(ha) == world + 1 and list(ha.loc[ha["rank"] == 5, "alive"]) == [0]
         assert list(ha.loc[ha["rank"] == 3, "acked_through_ns"]) == [t0_of(tables) + 3 * 10**9]
         pd.testing.assert_frame_equal(ha, hb, check_dtype=False)
+        p = {"job": "cl", "attempt": 0, "from_step": 0}
+        key = ["src", "rank", "group_id"]
+        pa_, pb_, raw = (s.query_df(q, p).sort_values(key).reset_index(drop=True) for s, q in (
+            (single, loader.PROGRESS_NEWEST), (cluster, loader.PROGRESS_NEWEST), (single, loader.RECENT_WORK)))
+        assert set(pa_["src"]) == {0, 1} and set(pa_.loc[pa_["src"] == 1, "rank"]) == set(range(world))
+        pd.testing.assert_frame_equal(pa_, pb_, check_dtype=False)  # each rank's newest work, kept at insert time
+        pd.testing.assert_frame_equal(pa_, raw[pa_.columns], check_dtype=False)
         got = queries.written_batches(cluster.client, [f"b-{n}" for n in tables])
         assert got == queries.written_batches(single.client, [f"b-{n}" for n in tables]) == {
             (f"b-{n}", n) for n in tables}

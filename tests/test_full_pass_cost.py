@@ -123,6 +123,10 @@ def test_new_queries_return_what_the_old_ones_did(job):
     _same_frame(inflight, loader._df(store, loader.INFLIGHT_LATEST, p), ["rank"])
     assert len(inflight) == TOPO.world_size
     progress, seen, quiet = loader._recent(store, p, inflight)
+    raw = loader._recent(store, p, inflight, loader.RECENT_WORK)  # the rows kept at insert time = raw rows
+    _same_frame(progress, raw[0], ["rank", "group_id"])
+    assert (seen, quiet) == raw[1:]
+    assert len(store.query_df(loader.PROGRESS_NEWEST, p)) <= TOPO.world_size * 8  # O(ranks x groups)
     _same_frame(progress, loader._df(store, loader.PROGRESS, p), ["rank", "group_id"])
     old_seen = loader._df(store, loader.LAST_SEEN, p)
     assert seen == {int(r): int(t) for r, t in old_seen.itertuples(index=False)} and seen

@@ -467,7 +467,7 @@ def test_migration_to_version_5_backfills_each_rank_processs_heartbeat_state(env
         old.insert_arrow("heartbeats", beats(t - 30 * 10**9, range(4), acked_through_ns=t - 31 * 10**9))
         old.insert_arrow("heartbeats", beats(t - 20 * 10**9, [2], alive=0))  # rank 2 dies
         old.insert_arrow("heartbeats", beats(t - 20 * 10**9, [-1], job=""))  # the host's own row
-        assert migrate(old.client, 30) == [5]
+        assert migrate(old.client, 30) == [m.version for m in MIGRATIONS[4:]]
         old.insert_arrow("heartbeats", beats(t - 10 * 10**9, [0, 2, 3], alive=1, last_step=6))  # through the view
         old.insert_arrow("heartbeats", beats(t - 5 * 10**9, [2], alive=0, last_step=6))
         p = {"job": "hb5", "hosts": ["h0"], "since_ns": t - 600 * 10**9}
@@ -489,6 +489,64 @@ def test_migration_to_version_5_backfills_each_rank_processs_heartbeat_state(env
         raw = old.query_df(RAW_LATEST_HEARTBEATS, {"job": "hb5"}).sort_values("rank").reset_index(drop=True)
         pd.testing.assert_frame_equal(page, raw[page.columns], check_dtype=False)  # the job page's query
         assert list(page["hb_alive"]) == [1, 1, 0, 1] and page["hb_inflight_op"].iloc[3].startswith("collective:")
+    finally:
+        old.close()
+
+
+def test_migration_to_version_6_backfills_each_ranks_newest_work(env, monkeypatch):
+    """A store of version 5 with collectives and sections: the upgrade fills
+    ``progress_latest`` from the last hour, later rows go through its two views, and the
+    hang pass's query over it answers what the raw-row query answers (highest completed
+    sequence and newest completion per rank and group, newest section end per rank, only
+    for ranks and groups with work at ``from_step`` or later)."""
+    from fleetscope.server.diagnosis import loader
+
+    old = older_store(env[0], "v5_store")
+    t = now_ns()
+    ms = 10**6
+
+    def ops(step, ranks, seq, job="pg6", state="completed", group="tp.g0", t_ns=None):
+        base = (t - 60 * 10**9 + step * 1000 * ms) if t_ns is None else t_ns
+        return codec.rows_to_table(RECORD_TYPES["collectives"], [
+            {"job": job, "attempt": 0, "host": "h0", "rank": r, "step": step, "microbatch": 0,
+             "group_id": group, "axis": group.split(".")[0], "seq": seq, "op": "all_reduce", "bytes": 8,
+             "dtype": "float32", "peer": -1, "state": state, "enqueued_ns": base + r * ms,
+             "completed_ns": base + (r + 5) * ms if state == "completed" else -1} for r in ranks])
+
+    def secs(step, ranks, job="pg6"):
+        base = t - 60 * 10**9 + step * 1000 * ms
+        return codec.rows_to_table(RECORD_TYPES["sections"], [
+            {"job": job, "attempt": 0, "host": "h0", "rank": r, "step": step, "microbatch": 0,
+             "name": "forward", "kind": "compute", "start_ns": base + r * ms, "end_ns": base + (r + 50) * ms,
+             "duration_ns": 50 * ms} for r in ranks])
+
+    try:
+        monkeypatch.setattr(mig, "MIGRATIONS", MIGRATIONS[:5])
+        assert migrate(old.client, 30) == [1, 2, 3, 4, 5]
+        monkeypatch.undo()
+        old.insert_arrow("collectives", ops(0, range(3), 1, job="pg6-old", t_ns=t - 7200 * 10**9))  # too old
+        for step in range(3):
+            old.insert_arrow("collectives", ops(step, range(4), step + 1))
+            old.insert_arrow("sections", secs(step, range(4)))
+        old.insert_arrow("collectives", ops(1, [0, 1], 1, group="pp.g0"))  # a group rank 0, 1 left at step 1
+        assert migrate(old.client, 30) == [6]
+        for step in (3, 4):  # through the views; rank 3 is stuck after step 2
+            old.insert_arrow("collectives", ops(step, range(3), step + 1))
+            old.insert_arrow("collectives", ops(step, [3], step + 1, state="enqueued"))
+            old.insert_arrow("sections", secs(step, range(3)))
+        for from_step in (0, 2, 3, 5):
+            p = {"job": "pg6", "attempt": 0, "from_step": from_step}
+            got, want = (old.query_df(q, p) for q in (loader.PROGRESS_NEWEST, loader.RECENT_WORK))
+            key = ["src", "rank", "group_id"]
+            assert len(got) == len(want)
+            if len(want):
+                pd.testing.assert_frame_equal(got.sort_values(key).reset_index(drop=True),
+                                              want.sort_values(key).reset_index(drop=True)[got.columns],
+                                              check_dtype=False)
+            if from_step == 3:
+                assert sorted(got.loc[got["src"] == 0, "rank"]) == [0, 1, 2]  # rank 3 did nothing since
+                assert set(got.loc[got["src"] == 0, "last_seq"]) == {5}
+        assert old.query_df(loader.PROGRESS_NEWEST, {"job": "pg6-old", "attempt": 0, "from_step": 0}).empty
     finally:
         old.close()
 

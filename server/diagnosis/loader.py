@@ -26,6 +26,7 @@ from fleetscope.server.store.ddl import (
     HEARTBEATS_NEWEST,
     INFLIGHT_LATEST_FIELDS,
     INFLIGHT_NEWEST_ROWS,
+    PROGRESS_NEWEST,
     inflight_field,
 )
 
@@ -303,7 +304,7 @@ def named_queries() -> dict[str, str]:
             "hw_metrics": HW_METRICS, "hosts_last": HOSTS_LAST,
             "attempt_last_step": ATTEMPT_LAST_STEP, "recent": RECENT, "hosts_last_newest": HOSTS_LAST_NEWEST,
             "hw_metrics_in": HW_METRICS_IN, "inflight_newest": INFLIGHT_NEWEST,
-            "recent_work": RECENT_WORK}
+            "recent_work": RECENT_WORK, "progress_newest": PROGRESS_NEWEST}
     return {**mine, **{f"rollup_{k}": v for k, v in rollups.QUERIES.items()}}
 
 
@@ -427,11 +428,14 @@ def load_reduced_frames(
     return frames
 
 
-def _recent(store: Any, p: dict[str, Any], inflight: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, int], int]:
-    """:data:`RECENT_WORK` and the newest in-flight record per rank (``inflight``, read with
-    the same job, attempt and lookback) as (the ``PROGRESS`` frame, ``LAST_SEEN`` rank ->
-    time, the ``QUIET_SINCE`` time): what the three queries gave."""
-    df = store.query_df(RECENT_WORK, p)
+def _recent(store: Any, p: dict[str, Any], inflight: pd.DataFrame,
+            query: str = PROGRESS_NEWEST) -> tuple[pd.DataFrame, dict[int, int], int]:
+    """Each rank's newest work (``query``: :data:`PROGRESS_NEWEST`, the rows kept at insert
+    time, or the raw-row :data:`RECENT_WORK`, which answers the same) and the newest
+    in-flight record per rank (``inflight``, read with the same job, attempt and lookback)
+    as (the ``PROGRESS`` frame, ``LAST_SEEN`` rank -> time, the ``QUIET_SINCE`` time):
+    what the three queries gave."""
+    df = store.query_df(query, p)
     has_inf = inflight is not None and not inflight.empty
     if df is None or df.empty:
         if not has_inf:

@@ -452,6 +452,83 @@ def schema_v5_statements(ttl_days: int) -> list[str]:
     ]
 
 
+PROGRESS_LATEST_TABLE: Final = "progress_latest"
+
+
+def create_progress_latest_table(ttl_days: int) -> str:
+    """Each rank's newest work per job attempt (schema version 6), kept at insert time:
+    per ``(rank, group_id)`` its highest completed sequence number, newest completion and
+    newest step (``src`` 0, from ``collectives``), and per rank its newest section end
+    and step (``src`` 1, ``group_id`` empty, from ``sections``). The hang pass reads
+    these few rows per rank and group instead of every collective and section of the
+    job's last three steps (about 100 k rows a step at 12,288 ranks)."""
+    ttl = f"TTL {_seconds('ts_ns')} + toIntervalDay({int(ttl_days)})\n" if ttl_days > 0 else ""
+    return (
+        f"CREATE TABLE IF NOT EXISTS `{PROGRESS_LATEST_TABLE}` (\n"
+        "  `job` LowCardinality(String),\n  `attempt` Int32,\n  `rank` Int32,\n  `src` UInt8,\n"
+        "  `group_id` LowCardinality(String),\n"
+        "  `ts_ns` SimpleAggregateFunction(max, Int64),\n"
+        "  `last_seq` SimpleAggregateFunction(max, Int64),\n"
+        "  `last_step` SimpleAggregateFunction(max, Int64)\n"
+        ") ENGINE = AggregatingMergeTree\n"
+        "PARTITION BY toDate(toDateTime(intDiv(ts_ns, 1000000000)))\n"
+        "ORDER BY (`job`, `attempt`, `rank`, `src`, `group_id`)\n" + ttl + _settings()
+    )
+
+
+def progress_latest_queries(since_s: int | None = None) -> tuple[str, str]:
+    """The two ``SELECT`` that reduce ``collectives`` and ``sections`` rows to one state per
+    (job, attempt, rank, group): the views' (of one insert block) or, with ``since_s``,
+    the backfill's (of the rows of the last ``since_s`` seconds)."""
+    def since(col: str, joint: str) -> str:
+        return ("" if since_s is None else
+                f" {joint} {col} >= (toInt64(toUnixTimestamp(now())) - {int(since_s)}) * 1000000000")
+
+    coll = (
+        "SELECT job, attempt, rank, toUInt8(0) AS src, group_id, max(completed_ns) AS ts_ns,\n"
+        "       max(seq) AS last_seq, max(step) AS last_step\n"
+        f"FROM `collectives` WHERE state = 'completed'{since('enqueued_ns', 'AND')}\n"
+        "GROUP BY job, attempt, rank, group_id"
+    )
+    secs = (
+        "SELECT job, attempt, rank, toUInt8(1) AS src, '' AS group_id, max(end_ns) AS ts_ns,\n"
+        "       toInt64(-1) AS last_seq, max(step) AS last_step\n"
+        f"FROM `sections`{since('start_ns', 'WHERE')}\n"
+        "GROUP BY job, attempt, rank"
+    )
+    return coll, secs
+
+
+PROGRESS_NEWEST: Final = (
+    "SELECT src, rank, toString(group_id) AS group_id, toInt64(last_seq) AS last_seq, toInt64(t) AS t\n"
+    "FROM (SELECT src, rank, group_id, max(last_seq) AS last_seq, max(ts_ns) AS t, max(last_step) AS s\n"
+    f"      FROM `{PROGRESS_LATEST_TABLE}` WHERE job = {{job:String}} AND attempt = {{attempt:Int32}}\n"
+    "      GROUP BY src, rank, group_id HAVING s >= {from_step:Int64})"
+)
+"""Per rank and group of a job attempt that did work at ``from_step`` or later: the
+highest completed sequence number and the newest completion (``src`` 0), and per rank
+the newest section end (``src`` 1, ``last_seq`` -1), from ``progress_latest`` (the rows
+of the loader's raw-row ``RECENT_WORK``: within an attempt sequence numbers, steps and
+times grow together, so the maximum over the job is the maximum over its last steps)."""
+
+
+def schema_v6_statements(ttl_days: int) -> list[str]:
+    """Store schema version 6: ``progress_latest``, its views from ``collectives`` and
+    ``sections``, and a backfill of the last :data:`BACKFILL_S` seconds (states merge to
+    the same answer when a view and the backfill both see a row)."""
+    coll, secs = progress_latest_queries()
+    back_coll, back_secs = progress_latest_queries(BACKFILL_S)
+    return [
+        create_progress_latest_table(ttl_days),
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS `{PROGRESS_LATEST_TABLE}_collectives_mv` "
+        f"TO `{PROGRESS_LATEST_TABLE}` AS\n" + coll,
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS `{PROGRESS_LATEST_TABLE}_sections_mv` "
+        f"TO `{PROGRESS_LATEST_TABLE}` AS\n" + secs,
+        f"INSERT INTO `{PROGRESS_LATEST_TABLE}` {back_coll}",
+        f"INSERT INTO `{PROGRESS_LATEST_TABLE}` {back_secs}",
+    ]
+
+
 def schema_v1_statements(ttl_days: int) -> list[str]:
     """Every statement of store schema version 1, in dependency order (idempotent)."""
     stmts = [create_record_table(rt, ttl_days) for rt in RECORD_TYPES.values()]

@@ -43,6 +43,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "each rank's newest in-flight row kept at insert time", ddl.schema_v3_statements),
     Migration(4, "heartbeats say up to when each rank's records are acknowledged", ddl.schema_v4_statements),
     Migration(5, "each rank process's heartbeat state kept at insert time", ddl.schema_v5_statements),
+    Migration(6, "each rank's newest work per group kept at insert time", ddl.schema_v6_statements),
 )
 
 
