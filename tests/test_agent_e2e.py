@@ -143,11 +143,8 @@ def poll_until(cond, timeout_s: float) -> bool:
     holds or ``timeout_s`` passes; returns whether it held."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        try:
-            if cond():
-                return True
-        except (OSError, ValueError):  # the state file being replaced
-            pass
+        if cond():  # (state() already reads a file being replaced as empty)
+            return True
         time.sleep(0.001)
     return False
 
