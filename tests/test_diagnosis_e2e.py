@@ -4,6 +4,7 @@ right culprit rank, while the job runs; the hang pages a real webhook receiver."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -47,16 +48,29 @@ def test_real_trainer_straggler_then_hang(tmp_path):
             # the wait ends at the first finding, so a longer job costs nothing when it is found
             p = train(url, tmp_path, "e2e-strag", 80, 300, "straggler:rank=5:factor=1.6:from_step=4")
             try:
+                seen: list[dict] = []
+
                 def found():
                     items = HTTP.get(f"{url.api}/jobs/e2e-strag/stragglers").json().get("items", [])
-                    return [i for i in items if i["kind"] == "slow_compute"] if items else None
+                    slow = [i for i in items if i["kind"] == "slow_compute"]
+                    seen.extend(slow)
+                    # the first ticks judge few slow steps: on a loaded 2-core host one once
+                    # named rank 5's optimizer (score 1.1) before its compute; the finding
+                    # the detector settles on is the one checked
+                    return [i for i in slow if i.get("component") == "compute"] or None
 
-                items = wait_for(found, 240, "slow_compute finding for rank 5")
+                items = wait_for(found, 240, "slow_compute finding for rank 5's compute")
+                assert all(i["ranks"] == [5] for i in seen), [i for i in seen if i["ranks"] != [5]]
                 assert items[0]["ranks"] == [5], items
                 assert items[0]["evidence"]["stage"] == 1 and items[0]["est_slowdown"] > 0
-                # the factor of its compute vs its stage peers: 1.6 injected (the job's cost
-                # depends on how much of a step is compute: a few % on a loaded 2-core host)
-                assert items[0]["component"] == "compute" and 1.2 <= items[0]["factor"] <= 2.2, items[0]
+                # the factor of its compute vs its stage peers: 1.6 injected as sleeps; on a
+                # loaded 2-core host a sleeping rank waits for a core again after each one, so
+                # its compute really takes longer than asked (2.49 measured once, CI load);
+                # the job's cost depends on how much of a step is compute: a few %
+                f = items[0]
+                assert f["component"] == "compute" and 1.2 <= f["factor"] <= 3.2, json.dumps(f)
+                ev = f["evidence"]  # the factor is the rank's own compute over its peers'
+                assert ev["component_ms"] > ev["peer_component_ms"] * 1.1, json.dumps(f)
                 incidents = HTTP.get(f"{url.api}/incidents", params={"job": "e2e-strag"}).json()["items"]
                 wrong = [i for i in incidents if i["kind"] in ("slow_compute", "slow_dataloader", "late_arrival")
                          and i["ranks"] != [5]]

@@ -14,6 +14,7 @@ returns something JSON-serialisable; each rank is its own ``python`` process.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -70,6 +71,14 @@ def _main() -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
     (workdir / f"result-{rank}.json").write_text(json.dumps(result))
+    # Skip interpreter finalization: gloo worker threads can still hold work objects whose
+    # tensors reference Python objects, and destroying them while the interpreter tears
+    # down aborts the process ("terminate called without an active exception", seen in
+    # two CI runs; pytorch/pytorch#179291). Exit handlers still run; only teardown is skipped.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
