@@ -87,19 +87,19 @@ p2p AS (
   LEFT JOIN (SELECT step, src, dst, k, is_send, enqueued_ns, 1 AS hit FROM pk) AS b
     ON a.step = b.step AND a.src = b.src AND a.dst = b.dst AND a.k = b.k AND a.want = b.is_send
 ),
-arr0 AS (
+arr AS MATERIALIZED (
   SELECT rank, step, group_id, axis, seq, op, bytes, enqueued_ns, comm_ns, wait_ns, lateness_ns,
          is_last, transfer_ns, waited_on_rank FROM coll
   UNION ALL
   SELECT rank, step, group_id, axis, seq, op, bytes, enqueued_ns, comm_ns, wait_ns, lateness_ns,
          is_last, transfer_ns, waited_on_rank FROM p2p
 ),
-arr AS MATERIALIZED (
-  SELECT *, greatest(enqueued_ns + comm_ns, enqueued_ns) AS end_,
-         max(end_) OVER (PARTITION BY rank ORDER BY enqueued_ns
-                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered,
-         greatest(end_ - greatest(enqueued_ns, covered), 0) AS excl_ns
-  FROM arr0
+ex AS MATERIALIZED (  -- each op's communication not already covered by the rank's earlier ops
+  SELECT rank, step, enqueued_ns, greatest(end_ - greatest(enqueued_ns, covered), 0) AS excl_ns FROM (
+    SELECT rank, step, enqueued_ns, greatest(enqueued_ns + comm_ns, enqueued_ns) AS end_,
+           max(end_) OVER (PARTITION BY rank ORDER BY enqueued_ns
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered
+    FROM arr)
 )"""
 
 RANK_STEP_SQL = f"""
@@ -120,7 +120,7 @@ top AS (SELECT rank, step, microbatch, name, kind, start_ns, end_ns, duration_ns
 nested AS (
   SELECT t.rank AS rank, t.start_ns AS start_ns, t.name AS name, t.microbatch AS microbatch,
          sum(o.excl_ns) AS nested_ns
-  FROM (SELECT rank, enqueued_ns, excl_ns FROM arr) AS o
+  FROM ex AS o
   ASOF INNER JOIN top AS t ON o.rank = t.rank AND o.enqueued_ns >= t.start_ns
   WHERE o.enqueued_ns < t.end_ns
   GROUP BY rank, start_ns, name, microbatch
@@ -138,11 +138,12 @@ sec AS (
   GROUP BY rank, step
 ),
 ra AS (
-  SELECT rank, step, sum(excl_ns) AS comm_ns, sum(wait_ns) AS wait_ns, count() AS num_collectives,
+  SELECT rank, step, sum(wait_ns) AS wait_ns, count() AS num_collectives,
          countIf(is_last) AS num_last_arrivals,
          (quantileExactLow(0.5)(lateness_ns) + quantileExactHigh(0.5)(lateness_ns)) / 2 AS lateness_med_ns
   FROM arr GROUP BY rank, step
 ),
+rc AS (SELECT rank, step, sum(excl_ns) AS comm_ns FROM ex GROUP BY rank, step),
 caused AS (
   SELECT waited_on_rank AS rank, step, sumIf(wait_ns, wait_ns > 0) AS wait_caused_ns,
          sumMap([toString(group_id)], [wait_ns]) AS cg_, cg_.1 AS caused_k, cg_.2 AS caused_v
@@ -153,7 +154,7 @@ st AS (
   WHERE {_RANGE} GROUP BY rank, step
 )
 SELECT st.rank AS rank, st.step AS step, st.step_ns AS step_ns,
-       ra.comm_ns AS comm_ns, ra.wait_ns AS wait_ns, ra.num_collectives AS num_collectives,
+       rc.comm_ns AS comm_ns, ra.wait_ns AS wait_ns, ra.num_collectives AS num_collectives,
        ra.num_last_arrivals AS num_last_arrivals, ra.lateness_med_ns AS lateness_med_ns,
        caused.wait_caused_ns AS wait_caused_ns, caused.caused_k AS caused_k, caused.caused_v AS caused_v,
        sec.compute_ns AS compute_ns, sec.dataloader_ns AS dataloader_ns,
@@ -161,6 +162,7 @@ SELECT st.rank AS rank, st.step AS step, st.step_ns AS step_ns,
        sec.fwd_k AS fwd_k, sec.fwd_v AS fwd_v, sec.bwd_k AS bwd_k, sec.bwd_v AS bwd_v
 FROM st
 LEFT JOIN ra ON st.rank = ra.rank AND st.step = ra.step
+LEFT JOIN rc ON st.rank = rc.rank AND st.step = rc.step
 LEFT JOIN caused ON st.rank = caused.rank AND st.step = caused.step
 LEFT JOIN sec ON st.rank = sec.rank AND st.step = sec.step
 SETTINGS join_use_nulls = 0, enable_materialized_cte = 1
