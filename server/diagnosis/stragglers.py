@@ -142,11 +142,12 @@ class _Grid:
         keep = (ri >= 0) & (si >= 0)
         self.bd, self.ri, self.si = bd, ri[keep], si[keep]
         self.keep = keep
+        self.flat = self.ri * self.shape[1] + self.si
 
     def matrix(self, col: str) -> np.ndarray:
-        m = np.zeros(self.shape)
-        np.add.at(m, (self.ri, self.si), self.bd[col].to_numpy(dtype=float)[self.keep])
-        return m
+        # bincount: the per-cell sums of ``np.add.at``, an order of magnitude faster
+        w = self.bd[col].to_numpy(dtype=float)[self.keep]
+        return np.bincount(self.flat, weights=w, minlength=self.shape[0] * self.shape[1]).reshape(self.shape)
 
 
 def _reference(x: np.ndarray, groups: list[list[int]]) -> np.ndarray:
@@ -289,12 +290,14 @@ def detect_stragglers(
         material = np.maximum(config.min_effect * _tail_medians(ref, run), config.min_step_frac * step_ns)
         comp_hit[c] = (hit | top) & (ex_c >= material)
         comp_score[c], comp_run[c] = sc, run
-    suspects = [r for r in ranks if persistent[idx[r]] or any(comp_hit[c][idx[r]] for c in comp_hit)]
+    named = persistent | np.logical_or.reduce([comp_hit[c] for c in comp_hit])
+    suspects = [r for r, hit in zip(ranks, named.tolist()) if hit]
     evidence = _arrival_evidence(arrivals, steps[-k:])
     waiting = _waiting_peers(arrivals, steps[-k:])
     findings: list[Finding] = []
-    for r in ranks:
-        i = idx[r]
+    # only ranks some test named, or with enough spikes to be pausing, are looked at
+    for i in np.nonzero(named | (spikes >= config.min_spikes))[0].tolist():
+        r = ranks[i]
         hits = [c for c in comp_hit if comp_hit[c][i]]
         if persistent[i] or hits:
             lead = None if persistent[i] else max(hits, key=lambda c: comp_score[c][i])
