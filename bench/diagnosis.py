@@ -25,6 +25,7 @@ scenario class and overall with Wilson 95% lower bounds, hang/crash culprit accu
     .venv/bin/python bench/diagnosis.py --quick          # one seed of a small cross-section
     .venv/bin/python bench/diagnosis.py --only clean,hang-compute --seeds 1
     .venv/bin/python bench/diagnosis.py --list           # scenario names and classes
+    .venv/bin/python bench/diagnosis.py --hidden 512 --seq-len 128 --only compute-stage1   # less noisy model
     .venv/bin/python bench/diagnosis.py --sweep          # detection floor vs timing noise (synthetic)
     .venv/bin/python bench/diagnosis.py --pass-sweep --seeds 4   # steps to a finding, pass by pass (synthetic)
     .venv/bin/python bench/diagnosis.py --detector-timing 12288   # pure straggler pass at 12,288 ranks
@@ -61,6 +62,11 @@ STRAGGLER = {"slow_compute", "slow_dataloader", "late_arrival", "slow_link", "gc
 HANGS = {"hang"}
 HANG_WEBHOOK_TARGET_S = 30.0
 MODEL = ["--hidden", "128", "--seq-len", "64", "--microbatches", "4", "--load-cost-ms", "5"]
+"""The trainer's model (``--hidden``/``--seq-len`` replace its sizes). On 2 shared cores the
+default's compute is ~30 ms a step, 8 ranks share the cores, and the per-step noise of a
+rank's compute (robust sigma of its log ratio to its stage peers) is 0.36-0.5: a 1.5x is
+then only ~3 noise-sigmas over a 24-step window. ``--hidden 512 --seq-len 128`` runs
+~0.9 s of compute a step at noise ~0.1-0.2 (2.4 s steps), closer to a GPU job's timing."""
 FACTOR_TOL = 0.10
 """Target: reported factor within +-10% of the injected one."""
 WHATIF_TOL = 0.25
@@ -772,7 +778,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--detector-timing", type=int, metavar="RANKS", default=0,
                     help="only time the pure straggler detector on a synthetic RANKS x 32-step frame "
                          "(e.g. 12288); exit 1 unless its 1.2x straggler is the only finding")
+    ap.add_argument("--hidden", type=int, default=128, help="the trainer's hidden size (default 128; "
+                    "512 with --seq-len 128 for a less noisy test bed on few cores, see MODEL)")
+    ap.add_argument("--seq-len", type=int, default=64, help="the trainer's tokens per sample (default 64)")
     args = ap.parse_args(argv)
+    for flag, v in (("--hidden", args.hidden), ("--seq-len", args.seq_len)):
+        if v < 8 or v % 8:
+            ap.error(f"{flag} must be a multiple of 8 and >= 8, got {v}")
+    MODEL[MODEL.index("--hidden") + 1] = str(args.hidden)
+    MODEL[MODEL.index("--seq-len") + 1] = str(args.seq_len)
     if args.sweep:
         return sweep()
     if args.pass_sweep:
@@ -801,7 +815,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs: list[tuple[Scenario, Result]] = []
     runs = [(sc, seed) for seed in range(seeds) for sc in scs]
     print(f"{len(runs)} scenario runs ({sum(1 for sc, _ in runs if sc.paired)} with a clean twin); "
-          f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+          f"model {' '.join(MODEL)}; load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     try:
         http.post(f"{api}/alerts/webhooks", json={"name": "bench", "url": rx.url, "secret": "bench-secret-0123456789"}).raise_for_status()
         print(f"{'scenario':<34}{'sd':>2} {'layout':<6}{'injected':<11}{'culprits':<11}{'kind':<18}"
