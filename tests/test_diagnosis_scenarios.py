@@ -72,12 +72,14 @@ def test_stalled_data_loader_in_dp4_pp2_is_one_paged_incident_with_its_factor(be
     assert ("slow_dataloader", (2,)) in kinds and len(kinds) == 1, kinds  # one fault, one story
     assert "mfu_drop" not in r.kinds and "gc_pause" not in r.kinds, r.kinds
     # 40x of a 5 ms load cost. On a loaded 2-core host the injected sleep itself overshoots
-    # (67x was seen at load 13), so the reported factor is held to what the ranks' own
-    # spooled records measured after onset, and only loosely to the nominal 40x
+    # (67x was seen at load 13) or falls short (15.6x in one CI run, within 25% of the
+    # spool's own ratio, which was therefore below 21x too), so the reported factor
+    # is held to what the ranks' own spooled records measured after onset, and only
+    # loosely to the nominal 40x: a stall reads as an order of magnitude, not as a 1.5x
     truth = r.noise.get("ratio")
     assert truth and truth == truth, f"the spool's own ratio was not measured: {r.noise}"
     assert abs(r.factors[2] / truth - 1) <= 0.25, (r.factors, r.noise)
-    assert 20 <= r.factors[2] <= 120, r.factors
+    assert 10 <= r.factors[2] <= 120, (r.factors, r.noise)
     assert r.to_webhook_s is not None, "the straggler was found but never paged"
 
 
