@@ -20,3 +20,15 @@ def int_list(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(
                 f"{item!r} in {text!r} is not an integer (expected e.g. 512,2048)") from None
     return out
+
+
+def fleet_world(text: str) -> int:
+    """An argparse ``type`` for the simulated job's world size (``bench/full_pass.py``'s
+    builder lays it out as DP x PP 8 x TP 8): a positive multiple of 64."""
+    try:
+        world = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (expected e.g. 12288)") from None
+    if world < 64 or world % 64:
+        raise argparse.ArgumentTypeError(f"{world}: expected a positive multiple of 64 (DP x PP 8 x TP 8)")
+    return world

@@ -44,6 +44,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import fleet_world  # noqa: E402  (a sibling: bench/ is on sys.path)
+
 JOB = "fullpass"
 META = "fullpass-meta.json"
 
@@ -249,7 +251,7 @@ def print_phases(title: str, per: dict[str, list[dict[str, float]]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--world", type=int, default=12288, help="world size, a multiple of 64 (default 12288)")
+    ap.add_argument("--world", type=fleet_world, default=12288, help="world size, a multiple of 64 (default 12288)")
     ap.add_argument("--steps", type=int, default=26, help="steps stored before the timed passes (default 26; "
                     "the window is 24)")
     ap.add_argument("--passes", type=int, default=6, help="timed passes of each kind, one new step before "

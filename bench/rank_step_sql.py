@@ -31,6 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import fleet_world  # noqa: E402  (a sibling: bench/ is on sys.path)
+
 PREVIOUS_ARR = """arr0 AS (
   SELECT rank, step, group_id, axis, seq, op, bytes, enqueued_ns, comm_ns, wait_ns, lateness_ns,
          is_last, transfer_ns, waited_on_rank FROM coll
@@ -77,15 +79,13 @@ def _canon(df):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--world", type=int, default=12288, help="ranks, a multiple of 64 (default 12288)")
+    ap.add_argument("--world", type=fleet_world, default=12288, help="ranks, a multiple of 64 (default 12288)")
     ap.add_argument("--steps", type=int, default=6, help="steps stored (default 6)")
     ap.add_argument("--marks", type=int, default=3, help="complete steps reduced, the newest ones (default 3)")
     ap.add_argument("--repeat", type=int, default=5, help="timed runs of each query per step (default 5)")
     ap.add_argument("--microbatches", type=int, default=4, help="micro-batches per step (default 4)")
     ap.add_argument("--tp-ops", type=int, default=4, help="TP collectives per micro-batch (default 4)")
     args = ap.parse_args(argv)
-    if args.world < 64 or args.world % 64:
-        ap.error(f"--world {args.world}: expected a positive multiple of 64 (DP x PP 8 x TP 8)")
     if min(args.marks, args.repeat, args.microbatches, args.tp_ops) < 1:
         ap.error("--marks, --repeat, --microbatches and --tp-ops must be positive")
     if args.steps < args.marks + 2:
