@@ -66,7 +66,8 @@ MODEL = ["--hidden", "128", "--seq-len", "64", "--microbatches", "4", "--load-co
 default's compute is ~30 ms a step, 8 ranks share the cores, and the per-step noise of a
 rank's compute (robust sigma of its log ratio to its stage peers) is 0.36-0.5: a 1.5x is
 then only ~3 noise-sigmas over a 24-step window. ``--hidden 512 --seq-len 128`` runs
-~0.9 s of compute a step at noise ~0.1-0.2 (2.4 s steps), closer to a GPU job's timing."""
+~0.9 s of compute a step in 2.4 s steps: noise 0.2 with the trainer alone, 0.29-0.33
+through the server and agent on the same cores (docs/diagnosis.md)."""
 FACTOR_TOL = 0.10
 """Target: reported factor within +-10% of the injected one."""
 WHATIF_TOL = 0.25
