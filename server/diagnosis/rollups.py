@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from fleetscope.server.store.ddl import ROLLUP_TABLE
 
 _P2P = "('send', 'recv', 'isend', 'irecv')"
@@ -229,6 +231,28 @@ group rows): the op arrivals of the step range, the costliest part of both, are 
 joined and windowed once instead of twice."""
 
 
+MB_COLS = ("fwd_k", "fwd_v", "bwd_k", "bwd_v")
+"""The rank rows' per-micro-batch own-work arrays: read only to build the (ranks, micro-
+batches) matrices, never as frame columns by the detectors."""
+
+
+def split_rank_group_arrow(tbl: pa.Table) -> tuple[pd.DataFrame, pd.DataFrame, pa.Table]:
+    """:data:`RANK_GROUP_STEP_SQL`'s rows, read as Arrow, as (the rank-step frame without
+    the :data:`MB_COLS` arrays, the group-step frame, the rank rows' ``rank``, ``step``
+    and :data:`MB_COLS` as Arrow). The arrays stay Arrow lists, for
+    :func:`step_matrices_arrow`: no Python object per rank and step (at 12,288 ranks the
+    pandas route made ~50,000 small arrays a step and then walked them)."""
+    rs_cols = [c for c in _RS_COLS if c not in MB_COLS]
+    if tbl.num_rows == 0:
+        return (pd.DataFrame(columns=rs_cols), pd.DataFrame(columns=list(_GS_COLS)),
+                pa.table({c: pa.array([], pa.int64()) for c in ("rank", "step")}))
+    part = tbl.column("part")
+    rt = tbl.filter(pc.equal(part, 0))
+    gt = tbl.filter(pc.equal(part, 1))
+    return (rt.select(rs_cols).to_pandas(), gt.select(list(_GS_COLS)).to_pandas(),
+            rt.select(["rank", "step", *MB_COLS]))
+
+
 def split_rank_group(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """:data:`RANK_GROUP_STEP_SQL`'s rows as (the rank-step frame, the group-step frame)."""
     if df.empty:
@@ -311,6 +335,9 @@ class StepData:
     mb: dict[str, np.ndarray] | None = None
     """``fwd``/``bwd`` -> the step's (world_size, num_mb) own-work matrix, made once when
     the step is reduced (None: made by :func:`assemble` on every pass, the old way)."""
+    mb_arrays: pa.Table | None = None
+    """The step's rank rows' :data:`MB_COLS` as Arrow (the fast pass), which ``mb`` is made
+    from; None: ``rank_step`` holds them as columns (the previous pass)."""
 
 
 @dataclass
@@ -349,7 +376,8 @@ class StepCache:
         """Approximate memory held (the frames' numeric columns)."""
         with self._lock:
             jobs = list(self._jobs.values())
-        return sum(int(d.rank_step.memory_usage(deep=False).sum() + d.group_step.memory_usage(deep=False).sum())
+        return sum(int(d.rank_step.memory_usage(deep=False).sum() + d.group_step.memory_usage(deep=False).sum()
+                       + (d.mb_arrays.nbytes if d.mb_arrays is not None else 0))
                    for jc in jobs for d in list(jc.steps.values()))
 
 
@@ -410,10 +438,12 @@ def refresh(store: Any, cache: JobCache, job: str, from_step: int, last_step: in
         empty = pd.DataFrame()
         heavy_hi = min(hi, last_step - 1)
         rs = gs = empty
+        mbt: pa.Table | None = None
         if heavy_hi >= lo:
             hq = {**q, "to_step": heavy_hi}
             if fast:
-                rs, gs = (_fix(x) for x in split_rank_group(store.query_df(RANK_GROUP_STEP_SQL, hq)))
+                rs, gs, mbt = split_rank_group_arrow(store.query_arrow(RANK_GROUP_STEP_SQL, hq))
+                rs, gs = _fix(rs), _fix(gs)
             else:
                 rs = _fix(store.query_df(RANK_STEP_SQL, hq))
                 gs = _fix(store.query_df(GROUP_STEP_SQL, hq))
@@ -432,6 +462,7 @@ def refresh(store: Any, cache: JobCache, job: str, from_step: int, last_step: in
                 gs[gs["step"] == s].reset_index(drop=True) if not gs.empty else gs,
                 gap.get(s),
                 mm[mm["step"] == s] if not mm.empty else mm,
+                mb_arrays=None if mbt is None else mbt.filter(pc.equal(mbt.column("step"), s)),
             )
     return {"computed": len(todo), "reused": reused}
 
@@ -486,9 +517,30 @@ def _mb_matrix_np(rows: pd.DataFrame, col: str, world: int, num_mb: int) -> np.n
     return m
 
 
+def _mb_matrix_arrow(arrays: pa.Table, col: str, world: int, num_mb: int) -> np.ndarray:
+    """:func:`_mb_matrix_np` from Arrow list columns: the flattened keys and values and the
+    list lengths, one scatter."""
+    m = np.full((world, num_mb), np.nan)
+    if arrays.num_rows == 0:
+        return m
+    ks, vs = arrays.column(f"{col}_k"), arrays.column(f"{col}_v")
+    n = pc.fill_null(pc.list_value_length(ks), 0).to_numpy().astype(np.int64)
+    kk = pc.list_flatten(ks).to_numpy().astype(np.int64)
+    vv = pc.list_flatten(vs).to_numpy().astype(np.float64)
+    rr = np.repeat(arrays.column("rank").to_numpy().astype(np.int64), n)
+    keep = (rr >= 0) & (rr < world) & (kk >= 0) & (kk < num_mb)
+    m[rr[keep], kk[keep]] = vv[keep]  # one row per rank and step: no index repeats
+    return m
+
+
 def step_matrices(rank_step: pd.DataFrame, world: int, num_mb: int) -> dict[str, np.ndarray]:
     """One step's forward/backward own-work matrices (what :func:`assemble` hands on)."""
     return {c: _mb_matrix_np(rank_step, c, world, num_mb) for c in ("fwd", "bwd")}
+
+
+def step_matrices_arrow(arrays: pa.Table, world: int, num_mb: int) -> dict[str, np.ndarray]:
+    """:func:`step_matrices` from a step's :attr:`StepData.mb_arrays`."""
+    return {c: _mb_matrix_arrow(arrays, c, world, num_mb) for c in ("fwd", "bwd")}
 
 
 def assemble(cache: JobCache, world: int, from_step: int, last_step: int, fast: bool = True) -> Reduced:
@@ -499,6 +551,8 @@ def assemble(cache: JobCache, world: int, from_step: int, last_step: int, fast: 
     gs = [cache.steps[s].group_step for s in steps if not cache.steps[s].group_step.empty]
     mm = [cache.steps[s].mismatch for s in steps if not cache.steps[s].mismatch.empty]
     bd = pd.concat(rs, ignore_index=True) if rs else pd.DataFrame()
+    # the micro-batch arrays are the fwd/bwd matrices' input, not detector columns
+    bd = bd.drop(columns=[c for c in MB_COLS if c in bd.columns])
     if not bd.empty:  # as breakdown.rank_step_breakdown: own work = step time - communication
         bd["busy_ns"] = (bd["step_ns"] - bd["comm_ns"]).clip(lower=0)
         timed = bd["compute_ns"] + bd["dataloader_ns"] + bd["optimizer_ns"] + bd["other_ns"]
@@ -517,7 +571,8 @@ def assemble(cache: JobCache, world: int, from_step: int, last_step: int, fast: 
             continue
         if fast:  # made once per step and kept (a step's rows change only when it is reduced again)
             if d.mb is None or d.mb["fwd"].shape != (world, cache.num_mb):
-                d.mb = step_matrices(r, world, cache.num_mb)
+                d.mb = (step_matrices_arrow(d.mb_arrays, world, cache.num_mb) if d.mb_arrays is not None
+                        else step_matrices(r, world, cache.num_mb))
             out.fwd[s], out.bwd[s] = d.mb["fwd"], d.mb["bwd"]
             continue
         out.fwd[s] = _mb_matrix(r, "fwd", world, cache.num_mb)
