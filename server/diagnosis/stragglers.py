@@ -153,14 +153,15 @@ class _Grid:
 def _reference(x: np.ndarray, groups: list[list[int]]) -> np.ndarray:
     """Leave-one-out median of each row's comparison group, per column.
 
-    Vectorised (O(m log m) per group of m rows, not O(m^2)): each column of a group is
-    sorted once; leaving out the value at sorted position p shifts the order statistics
-    at or after p by one, so the median of the other m - 1 values is read off the sorted
-    column directly (the same value, or mean of two, that ``np.median`` returns)."""
+    Vectorised (O(m) per group of m rows, not O(m^2)): leaving out one value shifts the
+    column's order statistics at or after it by one, so the median of the other m - 1
+    values is one of the two or three order statistics around the column's middle (the
+    same value, or mean of two, that ``np.median`` returns), :func:`_loo_median`."""
     ref = np.empty_like(x)
     for members in groups:
-        if len(members) > 1 and not np.isnan(x[members]).any():
-            ref[members] = _loo_median(x[members])
+        sub = x[members]
+        if len(members) > 1 and not np.isnan(sub).any():
+            ref[members] = _loo_median(sub)
             continue
         for i in members:
             peers = [j for j in members if j != i]
@@ -173,8 +174,37 @@ def _reference(x: np.ndarray, groups: list[list[int]]) -> np.ndarray:
 
 
 def _loo_median(sub: np.ndarray) -> np.ndarray:
-    """Per column of ``sub`` (m x k, m >= 2, no NaN), for each row the median of the
-    column's other m - 1 values."""
+    """Per column of ``sub`` (m x k, m >= 2), for each row the median of the column's
+    other m - 1 values.
+
+    The j-th order statistic of the others is the column's (j + 1)-th when the row's
+    value is at or below the column's j-th (it is among the lowest j + 1, or ties the
+    j-th, which then equals the (j + 1)-th), else the j-th: only the two or three order
+    statistics around the middle are needed, which one ``np.partition`` of the
+    transposed (contiguous) columns selects. With NaN (which compares false) or a
+    negative zero (which ties with +0.0, where only the sort's stable order says which
+    of the two a tie yields) it takes the sorting route, :func:`_loo_median_sorted`."""
+    m = sub.shape[0]
+    if m < 2 or np.isnan(sub).any() or (np.signbit(sub).any() and (np.signbit(sub) & (sub == 0)).any()):
+        return _loo_median_sorted(sub)
+    n = m - 1
+    lo = n // 2 - 1 if n % 2 == 0 else n // 2  # the lower (or only) middle order statistic
+    kth = list(range(lo, n // 2 + 2))  # lo, ..., the upper middle + 1: two or three of them
+    part = sub.T.copy(order="C")  # a copy even where sub.T is contiguous (one column)
+    part.partition(kth, axis=1)
+
+    def stat(j: int) -> np.ndarray:  # j-th order statistic of the others, per (row, column)
+        at, after = part[:, j], part[:, j + 1]
+        return np.where(sub <= at, after, at)
+
+    if n % 2:
+        return stat(n // 2)
+    return (stat(n // 2 - 1) + stat(n // 2)) / 2
+
+
+def _loo_median_sorted(sub: np.ndarray) -> np.ndarray:
+    """:func:`_loo_median` by sorting each column: each row's rank in its column shifts
+    the order statistics at or after it by one (NaN sorts last)."""
     m = sub.shape[0]
     order = np.argsort(sub, axis=0, kind="stable")
     srt = np.take_along_axis(sub, order, axis=0)
