@@ -31,4 +31,19 @@ def diff_sigma(x: np.ndarray) -> np.ndarray:
     estimate; zeros for rows of fewer than 2 steps."""
     if x.shape[1] < 2:
         return np.zeros(x.shape[0])
-    return MAD_TO_SIGMA * np.median(np.abs(np.diff(x, axis=1)), axis=1) / np.sqrt(2.0)
+    return MAD_TO_SIGMA * row_median(np.abs(np.diff(x, axis=1))) / np.sqrt(2.0)
+
+
+def row_median(x: np.ndarray) -> np.ndarray:
+    """``np.median(x, axis=1)``, bit for bit, for a 2-D array of many short rows (a
+    detector's ranks x steps): numpy sorts many short float rows an order of magnitude
+    faster than it partitions them one by one, and the middle of a sorted row is the value
+    (or the two values) that partitioning selects, averaged by ``np.mean`` as
+    ``np.median`` averages them. Anything but float64 without NaN goes to ``np.median``
+    itself (its NaN rule and its integer-to-float mean)."""
+    num_cols = x.shape[1]
+    if x.dtype != np.float64 or x.size == 0 or np.isnan(x).any():
+        return np.median(x, axis=1)
+    s = np.sort(x, axis=1)
+    h = num_cols // 2
+    return np.mean(s[:, h - 1 + num_cols % 2:h + 1], axis=1)

@@ -121,7 +121,8 @@ def empirical_root(y: np.ndarray, upper: float) -> float:
 
 
 def cusum(x: np.ndarray, pooled_sigma: float, num_components: int, num_ranks: int,
-          config: CusumConfig = CusumConfig(), row_sigma: np.ndarray | None = None) -> CusumResult:
+          config: CusumConfig = CusumConfig(), row_sigma: np.ndarray | None = None,
+          center: float | None = None) -> CusumResult:
     """One-sided CUSUM per row of ``x`` (ranks x steps log ratios, oldest first).
 
     Args:
@@ -132,13 +133,14 @@ def cusum(x: np.ndarray, pooled_sigma: float, num_components: int, num_ranks: in
         config: drift, clip, false-alarm rate.
         row_sigma: each row's own noise, :func:`.robust.diff_sigma` of ``x`` (computed when
             not given).
+        center: ``np.median(x)`` when the caller has it already (computed when not given).
     """
     num_rows, num_steps = x.shape
     empty = np.zeros(num_rows)
     if num_steps < config.min_steps or num_rows == 0:
         return CusumResult(np.zeros(num_rows, dtype=bool), empty, np.full(num_rows, np.inf),
                            np.zeros(num_rows, dtype=np.int64), 0.0, num_steps)
-    m = float(np.median(x))
+    m = float(np.median(x)) if center is None else center
     dev = x - m
     own = diff_sigma(dev) if row_sigma is None else row_sigma
     s = np.maximum(np.maximum(pooled_sigma, own), 1e-3)

@@ -34,7 +34,7 @@ from fleetscope.topology import Topology
 
 from .breakdown import group_transfer
 from .findings import Finding, FindingKind, Severity
-from .robust import MAD_TO_SIGMA, MEDIAN_SE_FACTOR, diff_sigma, mad_sigma
+from .robust import MAD_TO_SIGMA, MEDIAN_SE_FACTOR, diff_sigma, mad_sigma, row_median
 from .sequential import CusumConfig, CusumResult, cusum
 from .whatif import StepProfile, rank_stages, whatif
 
@@ -222,24 +222,19 @@ def _loo_median_sorted(sub: np.ndarray) -> np.ndarray:
 
 
 def _tail_medians(x: np.ndarray, run: np.ndarray) -> np.ndarray:
-    """Per row ``i``: the median of its latest ``run[i]`` columns (one ``np.median`` per
+    """Per row ``i``: the median of its latest ``run[i]`` columns (one row median per
     distinct run length, not one per row)."""
     out = np.empty(x.shape[0])
     run = np.asarray(run)
     for n in np.unique(run):
         rows = np.nonzero(run == n)[0]
-        out[rows] = np.median(x[rows, -int(n):], axis=1)
+        out[rows] = row_median(x[rows, -int(n):])
     return out
 
 
 def _log_ratio(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
     floor = max(float(np.median(ref)) * 1e-3, 1.0)
     return np.log(np.maximum(x, floor) / np.maximum(ref, floor))
-
-
-def _sigma(lr: np.ndarray) -> float:
-    med = np.median(lr)
-    return max(mad_sigma(lr, med), 1e-3)
 
 
 def detect_stragglers(
@@ -280,17 +275,20 @@ def detect_stragglers(
     stage_groups = list(groups.values())
     ref = _reference(busy, stage_groups)
     lr = _log_ratio(busy, ref)
-    sigma = _sigma(lr)
+    centre = np.median(lr)  # one selection for the noise scales and the CUSUM's centre
+    mad = mad_sigma(lr, centre)
+    sigma = max(mad, 1e-3)  # the MAD's scale alone (the thresholds' and evidence's sigma)
     k = min(config.recent_steps, len(steps))
     thr = max(math.log1p(config.min_effect), config.z * MEDIAN_SE_FACTOR * sigma / math.sqrt(k))
     num_tests = 1 + len(MEASURED)  # own work and each measured component: C of the Bonferroni
-    pooled, row = _robust_sigma(lr), _row_sigma(lr)
+    pooled, row = _robust_sigma(lr, centre, mad), _row_sigma(lr)
     persistent, score_busy, run_busy = _scan(lr, pooled, config, row, pooled)
-    cus: dict[str, CusumResult] = {"busy_ns": cusum(lr, pooled, num_tests, topo.world_size, config.cusum, row)}
+    cus: dict[str, CusumResult] = {"busy_ns": cusum(lr, pooled, num_tests, topo.world_size, config.cusum, row,
+                                                    float(centre))}
     persistent, score_busy, run_busy = _with_cusum(persistent, score_busy, run_busy, cus["busy_ns"])
     # per rank: its own noise (MAD about its median; sparse pauses barely move it) when
     # larger than the pool's, so a rank on a noisy host does not count its noise as pauses
-    row_mad = MAD_TO_SIGMA * np.median(np.abs(lr - np.median(lr, axis=1, keepdims=True)), axis=1)
+    row_mad = MAD_TO_SIGMA * row_median(np.abs(lr - row_median(lr)[:, None]))
     spike_thr = np.maximum(math.log1p(config.spike_min_effect), config.spike_z * np.maximum(sigma, row_mad))
     spikes = (lr > spike_thr[:, None]).sum(axis=1)
     step_ns = float(np.median(grid.matrix("step_ns")))
@@ -310,9 +308,10 @@ def detect_stragglers(
     for c in MEASURED:
         lr_c = _log_ratio(comps[c], comp_refs[c])
         comp_lr[c] = lr_c
-        pooled, row = _robust_sigma(lr_c), _row_sigma(lr_c)
+        centre_c = np.median(lr_c)
+        pooled, row = _robust_sigma(lr_c, centre_c), _row_sigma(lr_c)
         hit, sc, run = _scan(lr_c, pooled, config, row, pooled)
-        cus[c] = cusum(lr_c, pooled, num_tests, topo.world_size, config.cusum, row)
+        cus[c] = cusum(lr_c, pooled, num_tests, topo.world_size, config.cusum, row, float(centre_c))
         hit, sc, run = _with_cusum(hit, sc, run, cus[c])
         top = _top_test(comps[c], groups, config)
         run = np.where(hit, run, np.where(top, min(config.top_steps, len(steps)), k))
@@ -398,14 +397,16 @@ def _run_lengths(num_steps: int, config: StragglerConfig) -> list[int]:
     return sorted({n for n in SCAN_LENGTHS if lo <= n <= num_steps} | {num_steps, lo})
 
 
-def _robust_sigma(lr: np.ndarray) -> float:
+def _robust_sigma(lr: np.ndarray, med: float | None = None, mad: float | None = None) -> float:
     """Noise scale of log ratios that heavy tails cannot shrink: the larger of the MAD's
     and the upper tail's Gaussian-equivalent scale ((q90 - q50) / 1.2816). On a loaded
     host a third of the rank-steps may run 1.5-2.5x slow at random; the MAD alone then
-    measures the quiet two thirds only."""
-    med = np.median(lr)  # once: the MAD's centre too (as _sigma computes it)
+    measures the quiet two thirds only. ``med`` (``np.median(lr)``) and ``mad``
+    (``mad_sigma(lr, med)``) when the caller has them already."""
+    if med is None:
+        med = np.median(lr)  # once: the MAD's centre too
     tail = (float(np.quantile(lr, 0.9)) - float(med)) / 1.2816
-    return max(mad_sigma(lr, med), tail, 1e-3)
+    return max(mad_sigma(lr, med) if mad is None else mad, tail, 1e-3)
 
 
 def _row_sigma(lr: np.ndarray) -> np.ndarray:
