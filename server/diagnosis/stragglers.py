@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -415,10 +416,18 @@ def _row_sigma(lr: np.ndarray) -> np.ndarray:
     return diff_sigma(lr)
 
 
+@lru_cache(maxsize=64)
+def _log_binom_coef(n: int) -> np.ndarray:
+    """log C(n, k) for k = 0..n (read-only: shared by every call of one ``n``)."""
+    logc = np.array([math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) for k in range(n + 1)])
+    logc.flags.writeable = False
+    return logc
+
+
 def _binom_sf(h: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:
     """P(Binomial(n, p) >= h), element-wise (h, p arrays of one shape)."""
     j = np.arange(n + 1)
-    logc = np.array([math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) for k in j])
+    logc = _log_binom_coef(n)
     p = np.clip(p, 1e-12, 1 - 1e-12)[..., None]
     terms = np.exp(logc + j * np.log(p) + (n - j) * np.log1p(-p))
     return np.where(j >= h[..., None], terms, 0.0).sum(axis=-1)
@@ -453,30 +462,54 @@ def _scan(lr: np.ndarray, sigma: float, config: StragglerConfig, row_sigma: np.n
     # pool's (its median wanders further; it is not slower)
     robust = _robust_sigma(lr) if lr_sigma is None else lr_sigma
     sigma = np.maximum(max(sigma, robust), _row_sigma(lr) if row_sigma is None else row_sigma)
-    exceed = {L: lr > math.log(L) for L in config.levels}
-    p_other = {}
-    for L, e in exceed.items():  # leave-one-out rate of exceeding L, with a pseudo-count
-        per_rank = e.sum(axis=1)
+    # steps x ranks: a count over steps adds whole rows (numpy's per-row sums of 24
+    # booleans cost about twice as much)
+    lr_t = lr.T.copy()
+    above, p_other = {}, {}
+    for L in config.levels:  # leave-one-out rate of exceeding L, with a pseudo-count
+        e = above[L] = lr_t > math.log(L)
+        per_rank = e.sum(axis=0)
         p_loo = (per_rank.sum() - per_rank + 0.5) / (e.size - num_steps + 1.0)
         # ... or the rank's own rate of the mirror event (as far below its peers): a rank
         # that is just noisier than its peers exceeds both tails alike
-        p_other[L] = np.maximum(p_loo, ((lr < -math.log(L)).sum(axis=1) + 0.5) / (num_steps + 1.0))
+        p_other[L] = np.maximum(p_loo, ((lr_t < -math.log(L)).sum(axis=0) + 0.5) / (num_steps + 1.0))
+    # per run length only the ranks still in the running are looked at, each on exactly
+    # the figures a test over every rank would give it: every bar a run's median must
+    # pass is at least ``floor``, and a median above it needs at least half the run's steps
+    # above it (the upper middle value is above it), so the medians of the other runs -
+    # most of 12,288 on a healthy job - are never needed (-inf passes no bar)
+    over_floor = lr_t > floor
+    # per level, how many of the latest n steps exceed it, grown step by step with n
+    latest = {L: np.zeros(num_ranks, dtype=np.int64) for L in config.levels}
+    prev = 0
     for n in _run_lengths(num_steps, config):
-        x = lr[:, -n:]
-        med = np.median(x, axis=1)
+        for L, e in above.items():
+            latest[L] += e[num_steps - n:num_steps - prev].sum(axis=0)
+        prev = n
+        med = np.full(num_ranks, -np.inf)
+        rows = np.nonzero(over_floor[-n:].sum(axis=0) >= n - n // 2)[0]
+        med[rows] = row_median(lr[rows, -n:])
         thr = np.maximum(floor, config.scan_z * MEDIAN_SE_FACTOR * sigma / math.sqrt(n))
-        ok = (med > thr) & ((x > thr[:, None] / 2).mean(axis=1) >= config.persist_frac)
-        sc = np.where(ok, med / thr, 0.0)
-        for L, e in exceed.items():
-            h = e[:, -n:].sum(axis=1)
-            cand = (h >= config.persist_frac * n) & (med > max(floor, 0.5 * math.log(L)))
+        ok = med > thr
+        rows = np.nonzero(ok)[0]
+        if rows.size:
+            ok[rows] = (lr[rows, -n:] > thr[rows, None] / 2).mean(axis=1) >= config.persist_frac
+        sc = np.zeros(num_ranks)
+        sc[ok] = med[ok] / thr[ok]
+        for L in config.levels:
+            rows = np.nonzero(med > max(floor, 0.5 * math.log(L)))[0]
+            if not rows.size:
+                continue
+            h = latest[L][rows]
+            cand = h >= config.persist_frac * n
             if not cand.any():
                 continue
-            tail = _binom_sf(h[cand], n, p_other[L][cand])
+            rows, h = rows[cand], h[cand]
+            tail = _binom_sf(h, n, p_other[L][rows])
             good = np.zeros(num_ranks, dtype=bool)
-            good[cand] = tail < config.level_alpha
+            good[rows] = tail < config.level_alpha
             lv = np.zeros(num_ranks)
-            lv[cand] = np.log(np.maximum(tail, 1e-300)) / math.log(config.level_alpha)
+            lv[rows] = np.log(np.maximum(tail, 1e-300)) / math.log(config.level_alpha)
             ok |= good
             sc = np.maximum(sc, np.where(good, lv, 0.0))
         score = np.maximum(score, sc)
@@ -574,7 +607,9 @@ def _top_test(x: np.ndarray, groups: dict[int, list[int]], config: StragglerConf
         # rate of being the fastest if higher: a rank that is only noisier than its peers
         # is the slowest and the fastest alike often
         p = np.maximum(1 / n, (fastest + 0.5) / (k + 1.0))
-        out[np.asarray(members)] = _binom_sf(hits, k, p) < config.top_alpha
+        # P(X >= 0) = 1: only the few ranks that were ever the slowest need the tail
+        some = np.nonzero(hits)[0]
+        out[np.asarray(members)[some]] = _binom_sf(hits[some], k, p[some]) < config.top_alpha
     return out
 
 
