@@ -99,7 +99,9 @@ def empirical_root(y: np.ndarray, upper: float) -> float:
     """The positive root theta of mean(exp(theta y)) = 1 (y: pooled increments, negative
     mean), searched in (0, ``upper``]; ``upper`` when the moment stays below 1 there,
     0 when the increments' mean is not negative (no test is possible)."""
-    y = y[np.isfinite(y)]
+    finite = np.isfinite(y)
+    if not finite.all():
+        y = y[finite]
     if y.size == 0 or y.mean() >= 0:
         return 0.0
 
@@ -161,14 +163,28 @@ def cusum(x: np.ndarray, pooled_sigma: float, num_components: int, num_ranks: in
         h = np.where(theta > 0, log_tests / np.maximum(theta, 1e-300), np.inf)
     # and never fewer than ``min_steps`` steps at the clip: one or two long steps name nobody
     h = np.maximum(h, config.min_steps * (bound - config.kappa))
-    c = np.concatenate([np.zeros((num_rows, 1)), np.cumsum(y, axis=1)], axis=1)
-    low = np.minimum.accumulate(c, axis=1)
-    stat = c[:, -1] - low[:, -1]
-    # change point: the last index where the cumulative sum sat at its running minimum
-    at_min = c <= low + 1e-12
-    last_min = num_steps - np.argmax(at_min[:, ::-1], axis=1)  # index into c; == column of onset
+    stat, last_min = _page_walk(y)
     onset = np.minimum(last_min, num_steps - 1).astype(np.int64)
     return CusumResult(stat >= h, stat, h, onset, lam, num_steps)
+
+
+def _page_walk(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``y`` (rows x steps): Page's statistic at the last step (the cumulative
+    sum c, with c_0 = 0, minus its running minimum) and the change point (the last index
+    of c where c sat at its running minimum, within 1e-12; an index into c, i.e. the
+    column where the final excursion begins). The running sums, minima and last indices
+    advance a step at a time over all rows at once: numpy's ``cumsum`` and
+    ``minimum.accumulate`` along short rows cost several times more, for the same
+    additions and comparisons in the same order."""
+    num_rows, num_steps = y.shape
+    c = np.zeros(num_rows)  # c_0
+    low = np.zeros(num_rows)
+    last = np.zeros(num_rows, dtype=np.int64)
+    for t in range(num_steps):
+        c = y[:, 0].copy() if t == 0 else c + y[:, t]  # np.cumsum's first sum is y_0 itself
+        low = np.minimum(low, c)
+        last[c <= low + 1e-12] = t + 1
+    return c - low, last
 
 
 def expected_delay(sigma: float, factor: float, num_ranks: int = 0, num_components: int = 5,
