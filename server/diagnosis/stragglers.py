@@ -672,16 +672,12 @@ def _slow_links(job, topo, arr, steps, flagged, step_ns, hosts, profile, config)
     out: list[Finding] = []
     lr_all, per_axis = [], {}
     for axis, g in gt.groupby("axis"):
-        m = g.pivot_table(index="group_id", columns="step", values="op_transfer_ns", aggfunc="sum")
-        m = m.reindex(columns=steps).dropna(axis=1)
-        if len(m) < 3 or m.shape[1] < config.min_steps:
+        gids, x, n_ops = _link_matrices(g, steps)
+        if len(gids) < 3 or x.shape[1] < config.min_steps:
             continue
-        n_ops = g.pivot_table(index="group_id", columns="step", values="num_ops", aggfunc="sum")
-        n_ops = n_ops.reindex(index=m.index, columns=m.columns).fillna(0).to_numpy(dtype=float)
-        x = m.to_numpy(dtype=float)
-        ref = _reference(x, [list(range(len(m)))])
+        ref = _reference(x, [list(range(len(gids)))])
         lr = _log_ratio(x, ref)
-        per_axis[axis] = (m.index.tolist(), x, ref, lr, n_ops)
+        per_axis[axis] = (gids, x, ref, lr, n_ops)
         lr_all.append(lr.ravel())
     if not per_axis:
         return []
@@ -721,3 +717,38 @@ def _slow_links(job, topo, arr, steps, flagged, step_ns, hosts, profile, config)
                 f"group {gid}: link transfers {math.exp(med):.2f}x other {axis} groups' while its "
                 f"members' compute is normal; job ~{f.est_slowdown:.0%} slower")))
     return out
+
+
+def _link_matrices(g: pd.DataFrame, steps: list[int]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """One axis's group ids (sorted), median op link time and ops per step as groups x
+    steps matrices over the ``steps`` every group has: ``pivot_table`` sums per (group,
+    step), reindexed to ``steps``, without the steps some group misses.
+
+    :func:`.breakdown.group_transfer` gives one row per (group, step): those rows are laid
+    out directly (a pivot's sum of one value is the value, a negative zero made positive:
+    ``+ 0.0``), about ten times faster at 1,536 groups; anything else (a repeated cell,
+    NaN, a step outside ``steps``, categorical ids) goes through ``pivot_table``."""
+    gid_col = g["group_id"]
+    codes, uniques = pd.factorize(gid_col, sort=True)
+    cell = pd.Index(steps).get_indexer(g["step"])
+    val = g["op_transfer_ns"].to_numpy(dtype=float)
+    ops = g["num_ops"].to_numpy(dtype=float)
+    flat = codes * len(steps) + cell
+    simple = (not isinstance(gid_col.dtype, pd.CategoricalDtype) and len(steps) > 0
+              and bool((codes >= 0).all() and (cell >= 0).all())
+              and not (np.isnan(val).any() or np.isnan(ops).any())
+              and (flat.size == 0 or int(np.bincount(flat).max()) == 1))
+    if not simple:
+        m = g.pivot_table(index="group_id", columns="step", values="op_transfer_ns", aggfunc="sum")
+        m = m.reindex(columns=steps).dropna(axis=1)
+        n_ops = g.pivot_table(index="group_id", columns="step", values="num_ops", aggfunc="sum")
+        n_ops = n_ops.reindex(index=m.index, columns=m.columns).fillna(0).to_numpy(dtype=float)
+        return m.index.tolist(), m.to_numpy(dtype=float), n_ops
+    shape = (len(uniques), len(steps))
+    x = np.full(shape[0] * shape[1], np.nan)
+    x[flat] = val + 0.0
+    n_ops = np.zeros(shape[0] * shape[1])
+    n_ops[flat] = ops + 0.0
+    x, n_ops = x.reshape(shape), n_ops.reshape(shape)
+    full = ~np.isnan(x).any(axis=0)
+    return uniques.tolist(), x[:, full], n_ops[:, full]
