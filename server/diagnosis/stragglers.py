@@ -118,19 +118,45 @@ def stage_log_ratios(topo: Topology, bd: pd.DataFrame, column: str = "compute_ns
     ranks = sorted(bd["rank"].unique().tolist())
     if not ranks or not steps:
         return ranks, steps, np.zeros((len(ranks), len(steps))), 0.0
-    idx = {r: i for i, r in enumerate(ranks)}
-    groups: dict[int, list[int]] = {}
-    for r, st in zip(ranks, rank_stages(topo)[ranks].tolist()):
-        groups.setdefault(st, []).append(idx[r])
+    groups = _stage_groups(topo, ranks)
     x = _Grid(bd, ranks, steps).matrix(column)
     lr = _log_ratio(x, _reference(x, list(groups.values())))
     return ranks, steps, lr, _robust_sigma(lr)
 
 
+def _stage_groups(topo: Topology, ranks: list[int]) -> dict[int, list[int]]:
+    """Pipeline stage -> positions in ``ranks`` (sorted) of its ranks, stages in the order
+    their first rank appears."""
+    stages = rank_stages(topo)[np.asarray(ranks, dtype=np.int64)]
+    if stages.size == 0:
+        return {}
+    uniq, first = np.unique(stages, return_index=True)
+    return {int(st): np.nonzero(stages == st)[0].tolist() for st in uniq[np.argsort(first)]}
+
+
 def _window(bd: pd.DataFrame, n: int) -> pd.DataFrame:
-    counts = bd.groupby("step")["rank"].nunique()
+    """The rows of the latest ``n`` steps that have as many distinct ranks as the fullest
+    step."""
+    counts = _ranks_per_step(bd)
     full = counts[counts >= counts.max()].index.sort_values()
     return bd[bd["step"].isin(full[-n:])]
+
+
+def _ranks_per_step(bd: pd.DataFrame) -> pd.Series:
+    """``bd.groupby("step")["rank"].nunique()``: for integer steps and ranks over a compact
+    range (a window of a job: a few dozen steps x its ranks) by one ``np.bincount`` of
+    (step, rank) cells, several times faster at 12,288 ranks."""
+    step, rank = bd["step"], bd["rank"]
+    if len(bd) and pd.api.types.is_integer_dtype(step.dtype) and pd.api.types.is_integer_dtype(rank.dtype):
+        st, rk = step.to_numpy(dtype=np.int64), rank.to_numpy(dtype=np.int64)
+        s0, r0 = int(st.min()), int(rk.min())
+        num_steps, num_ranks = int(st.max()) - s0 + 1, int(rk.max()) - r0 + 1
+        if num_steps * num_ranks <= 4 * len(bd) + 1024:
+            cells = np.bincount((st - s0) * num_ranks + (rk - r0), minlength=num_steps * num_ranks)
+            per_step = (cells.reshape(num_steps, num_ranks) > 0).sum(axis=1)
+            seen = np.bincount(st - s0, minlength=num_steps) > 0
+            return pd.Series(per_step[seen], index=pd.Index(np.nonzero(seen)[0] + s0, name="step"), name="rank")
+    return bd.groupby("step")["rank"].nunique()
 
 
 class _Grid:
@@ -267,10 +293,7 @@ def detect_stragglers(
     if len(steps) < config.min_steps:
         return []
     ranks = sorted(bd["rank"].unique().tolist())
-    idx = {r: i for i, r in enumerate(ranks)}
-    groups: dict[int, list[int]] = {}
-    for r, st in zip(ranks, rank_stages(topo)[ranks].tolist()):
-        groups.setdefault(st, []).append(idx[r])
+    groups = _stage_groups(topo, ranks)
     grid = _Grid(bd, ranks, steps)
     busy = grid.matrix("busy_ns")
     stage_groups = list(groups.values())
@@ -321,12 +344,14 @@ def detect_stragglers(
         comp_hit[c] = (hit | top) & (ex_c >= material)
         comp_score[c], comp_run[c] = sc, run
     named = persistent | np.logical_or.reduce([comp_hit[c] for c in comp_hit])
-    suspects = [r for r, hit in zip(ranks, named.tolist()) if hit]
-    evidence = _arrival_evidence(arrivals, steps[-k:])
-    waiting = _waiting_peers(arrivals, steps[-k:])
+    suspects = np.asarray(ranks, dtype=np.int64)[named].tolist()
+    # only ranks some test named, or with enough spikes to be pausing, are looked at (none
+    # on a healthy job, which then needs no per-rank arrival evidence)
+    looked = np.nonzero(named | (spikes >= config.min_spikes))[0].tolist()
+    evidence = _arrival_evidence(arrivals, steps[-k:]) if looked else {}
+    waiting = _waiting_peers(arrivals, steps[-k:]) if looked else {}
     findings: list[Finding] = []
-    # only ranks some test named, or with enough spikes to be pausing, are looked at
-    for i in np.nonzero(named | (spikes >= config.min_spikes))[0].tolist():
+    for i in looked:
         r = ranks[i]
         hits = [c for c in comp_hit if comp_hit[c][i]]
         if persistent[i] or hits:
