@@ -34,6 +34,9 @@ for d in trainer_hooks trainer agent collector server dashboard kernels sim rca;
 done
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
+# the lanes' transcripts stay out of $OUT: what comes back from a lease is limited to 8 files
+LANES=$(mktemp -d /tmp/gpu-session-lanes.XXXX)
+
 log() { echo "== $* ($(date +%T), load $(cut -d' ' -f1-3 /proc/loadavg))"; }
 stage() {  # stage NAME LIMIT_S CMD...
   local name=$1 limit=$2
@@ -68,7 +71,7 @@ run_if() { if want "$1"; then stage "$@"; fi; }
   run_if selfcheck 150 "$PY" bench/selfcheck_gpu.py
   run_if pytest_gpu 120 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -m gpu \
     tests/test_kernels_gpu.py tests/test_trainer_hooks.py
-) > "$OUT/lane-gpu.txt" 2>&1 &
+) > "$LANES/gpu.txt" 2>&1 &
 gpu_lane=$!
 (
   run_if overhead 220 "$PY" bench/hook_overhead.py ${OVERHEAD_ARGS:-}
@@ -79,9 +82,9 @@ gpu_lane=$!
     tar -C /tmp -cJf "$OUT/replay.tar.xz" --exclude='*.log' replay/spool replay/manifest.json
     ls -la "$OUT/replay.tar.xz"
   fi
-) > "$OUT/lane-cpu.txt" 2>&1
+) > "$LANES/cpu.txt" 2>&1
 wait $gpu_lane
 # the lanes' own transcripts hold only the tails; every stage's whole log is $OUT/<stage>.log
-cat "$OUT/lane-gpu.txt" "$OUT/lane-cpu.txt"
-rm -f "$OUT/lane-gpu.txt" "$OUT/lane-cpu.txt"
+cat "$LANES/gpu.txt" "$LANES/cpu.txt"
+rm -rf "$LANES"
 log "done"
