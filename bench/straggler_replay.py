@@ -177,8 +177,8 @@ def replay(out: Path) -> int:
     bad = 0
     delays: list[float] = []
     by_case: dict[str, dict] = {}
-    for r in manifest["runs"]:
-        name = r["job"].removeprefix("replay-").removesuffix("-clean")
+    for r in manifest["runs"]:  # a case's faulty run and its clean twin share its fields
+        name = Case(int(r["rank"]), float(r["factor"]), int(r["seed"]), tuple(r["layout"])).name  # type: ignore[arg-type]
         by_case.setdefault(name, {})["clean" if r["clean"] else "fault"] = r
     for name, pair in by_case.items():
         fr, cr = pair.get("fault"), pair.get("clean")
