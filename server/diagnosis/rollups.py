@@ -253,16 +253,6 @@ def split_rank_group_arrow(tbl: pa.Table) -> tuple[pd.DataFrame, pd.DataFrame, p
             rt.select(["rank", "step", *MB_COLS]))
 
 
-def split_rank_group(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """:data:`RANK_GROUP_STEP_SQL`'s rows as (the rank-step frame, the group-step frame)."""
-    if df.empty:
-        return pd.DataFrame(columns=list(_RS_COLS)), pd.DataFrame(columns=list(_GS_COLS))
-    part = df["part"].to_numpy()
-    rs = df.loc[part == 0, list(_RS_COLS)].reset_index(drop=True)
-    gs = df.loc[part == 1, list(_GS_COLS)].reset_index(drop=True)
-    return rs, gs
-
-
 STEP_GAPS_SQL = """
 SELECT step, max(gap) / 1e9 AS gap_s FROM (
   SELECT step, t - lagInFrame(t, 1, t) OVER (ORDER BY t ASC
