@@ -16,8 +16,8 @@
 #   replay      bench/straggler_replay.py run: the reference trainer with and without a
 #               1.2x straggler, spools packed into $OUT/replay.tar.xz for a replay anywhere
 #
-# It needs no install: fleetscope is laid out as a package by symbolic links under
-# /tmp (the machine's own python3 and torch are used; nothing is fetched).
+# It needs no install: it runs in a copy of the tree under /tmp in which fleetscope/ is
+# laid out as the whole package (the machine's own python3 and torch; nothing fetched).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -26,13 +26,17 @@ PY=${PY:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
-SITE=$(mktemp -d /tmp/fleetscope-site.XXXX)
-mkdir -p "$SITE/fleetscope"
-for f in "$ROOT"/fleetscope/*; do ln -s "$f" "$SITE/fleetscope/"; done
+# A copy of the tree in which fleetscope/ is the whole package (its subpackages linked in,
+# as pyproject's package-dir maps them), run from there: with the checkout itself on
+# sys.path (a script's folder, `python -c` in its root, pytest's rootdir), its partial
+# fleetscope/ folder would shadow any package laid out elsewhere.
+SRC=$(mktemp -d /tmp/fleetscope-src.XXXX)
+tar -C "$ROOT" --exclude=./.git --exclude=./.venv --exclude=./.mypy_cache --exclude=./.hypothesis --exclude='*/__pycache__' -cf - . | tar -C "$SRC" -xf -
 for d in trainer_hooks trainer agent collector server dashboard kernels sim rca; do
-  ln -s "$ROOT/$d" "$SITE/fleetscope/$d"
+  ln -s "../$d" "$SRC/fleetscope/$d"
 done
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+cd "$SRC"
+export PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}"
 
 # the lanes' transcripts stay out of $OUT: what comes back from a lease is limited to 8 files
 LANES=$(mktemp -d /tmp/gpu-session-lanes.XXXX)
