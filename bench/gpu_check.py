@@ -11,8 +11,8 @@ Checks of trainer_hooks:
   filtered by thread), and ``torch.cuda.set_sync_debug_mode("error")`` stays silent;
 * ``overhead``: GPU step time hooks off vs on, in interleaved pairs of blocks: mean of the
   pairs' ratios with a 90% bootstrap interval (target <= 1.01, upper end <= 1.02);
-* ``inflight_on_device``: one NCCL rank queues ~2.5 s of device work and an all-reduce
-  behind it; while the training thread is idle the in-flight rows name that all-reduce,
+* ``inflight_on_device``: one NCCL rank queues ~2.5 s of device work (one spinning
+  kernel) and an all-reduce behind it; while the training thread is idle the in-flight rows name that all-reduce,
   and after the drain its record completes (the device half of the hang analysis);
 * ``reference_trainer``: the reference trainer runs one rank on NCCL with device timing.
 
@@ -26,6 +26,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -131,10 +132,20 @@ def check_no_sync() -> CheckResult:
     # any thread: the background thread does not sync during these steps either, so
     # the single harness synchronize is the only one expected
     syncs = [e for e in prof.events() if "Synchronize" in e.name and e.name.startswith("cuda")]
-    per_step = max(0, len(syncs) - 1) / steps
+    main = threading.get_native_id()
+    # the harness's synchronize runs on this thread: if the profiler names threads by
+    # their native ids, count this thread's syncs only (the background thread's anchor
+    # waits on its own side stream, by design); otherwise every sync counts
+    by_thread = main in {e.thread for e in syncs}
+    mine = [e for e in syncs if e.thread == main] if by_thread else syncs
+    per_step = max(0, len(mine) - 1) / steps
     ok = per_step == 0 and not debug_error
-    return CheckResult("no_sync", ok, {"sync_calls_on_training_thread_per_step": per_step,
-                                       "sync_debug_mode_error": debug_error or "none"})
+    return CheckResult("no_sync", ok, {
+        "sync_calls_on_training_thread_per_step": per_step,
+        "syncs_seen": sorted(f"{e.name} on {'training' if e.thread == main else 'thread ' + str(e.thread)}"
+                             for e in syncs),
+        "counted_by_thread": by_thread,
+        "sync_debug_mode_error": debug_error or "none"})
 
 
 def check_overhead(reps: int = 12, steps: int = 10) -> CheckResult:
@@ -195,27 +206,31 @@ def check_inflight_on_device() -> CheckResult:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)
     try:
-        a = torch.randn(4096, 4096, device=dev)
         x = torch.ones(1 << 20, device=dev)
         dist.all_reduce(x)  # NCCL warm-up, untraced
-        _work(a, 10)
+        # one spinning kernel, not thousands of small ones: the host's launch queue holds
+        # ~1000 kernels and blocks when full, so a long queue of short kernels would have
+        # mostly run by the time the all-reduce is enqueued
+        torch.cuda._sleep(1000)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        _work(a, 20)
+        torch.cuda._sleep(100_000_000)
         torch.cuda.synchronize()
-        per_iter = (time.perf_counter() - t0) / 20
-        iters = max(20, int(2.5 / per_iter))  # ~2.5 s of queued device work
+        cycles_per_s = 100_000_000 / (time.perf_counter() - t0)
         sink = hooks.MemorySink()
         hooks.init(job="gpucheck-inflight", rank=0, sink=sink, device=dev)
         with hooks.step(0):
             with hooks.section("forward"):
-                _work(a, iters)
+                t_launch = time.perf_counter()
+                torch.cuda._sleep(int(2.5 * cycles_per_s))  # ~2.5 s of queued device work
+                launch_s = time.perf_counter() - t_launch
             t_enq = time.time_ns()
             dist.all_reduce(x)  # returns at once: queued behind the work on the stream
             host_s = (time.time_ns() - t_enq) / 1e9
             time.sleep(1.6)  # the training thread is idle; the device is not
             torch.cuda.synchronize()
         t_done = time.time_ns()
+        queued_s = (t_done - t_enq) / 1e9
         time.sleep(1.2)
         hooks.shutdown()
     finally:
@@ -229,10 +244,12 @@ def check_inflight_on_device() -> CheckResult:
           and all(r["kind"] != "collective" for r in after)
           and len(colls) == 1 and colls[0]["state"] == "completed" and colls[0]["duration_ns"] >= 0)
     return CheckResult("inflight_on_device", ok, {
-        "queued_device_work_s": round(iters * per_iter, 2),
+        "device_busy_after_enqueue_s": round(queued_s, 2),
+        "spin_kernel_launch_s": round(launch_s, 4),
         "all_reduce_host_call_s": round(host_s, 4),
         "inflight_rows_while_queued": len(during),
         "naming_the_all_reduce": len(named),
+        "rows_while_queued": [(round((r["ts_ns"] - t_enq) / 1e9, 2), r["kind"], r["op"]) for r in during],
         "kinds_after_drain": sorted({r["kind"] for r in after}),
         "collective_record": {k: colls[0].get(k) for k in ("state", "group_id", "seq", "duration_ns")}
         if colls else None})

@@ -97,7 +97,9 @@ def run(out: Path, cases: list[Case], steps: int, extra: list[str], timeout_s: f
     for i, case in enumerate(cases):
         for clean in ((False, True) if i % 2 == 0 else (True, False)):
             job = f"replay-{case.name}{'-clean' if clean else ''}"
-            cmd = [sys.executable, "-m", "fleetscope.cli", "train", *suite.layout_args(case.layout), *extra,
+            # gloo on the CPU cores even where a GPU is present (8 ranks cannot share one)
+            cmd = [sys.executable, "-m", "fleetscope.cli", "train", "--device", "cpu",
+                   *suite.layout_args(case.layout), *extra,
                    "--steps", str(steps), "--job", job, "--seed", str(case.seed), "--spool", str(spool_dir),
                    "--timeout-s", str(int(timeout_s))]
             if not clean:
