@@ -13,8 +13,7 @@
 #   selfcheck   bench/selfcheck_gpu.py: every probe's achieved vs datasheet figure
 #   pytest_gpu  the suite's tests marked gpu (they skip on a CPU machine)
 #   overhead    bench/hook_overhead.py (gloo, 4 ranks) on an otherwise idle host, + --micro
-#   overhead_burst, overhead_inter, overhead_nobg (only when named): the overhead bench
-#               with each drain in one burst (as before drain_chunk), with the level
+#   overhead_inter, overhead_nobg (only when named): the overhead bench with the level
 #               switched per step in-process, and the same with the background thread
 #               stopped (the training thread's share alone)
 #   replay      bench/straggler_replay.py run: the reference trainer with and without a
@@ -75,7 +74,7 @@ run_if() { if want "$1"; then stage "$@"; fi; }
 # The overhead bench compares blocks seconds apart inside one job, which cancels what
 # the GPU lane adds; the replay runs after it.
 (
-  run_if gpu_check 200 "$PY" bench/gpu_check.py
+  run_if gpu_check 200 "$PY" bench/gpu_check.py ${GPU_CHECK_ARGS:-}
   run_if selfcheck 150 "$PY" bench/selfcheck_gpu.py
   run_if pytest_gpu 120 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -m gpu \
     tests/test_kernels_gpu.py tests/test_trainer_hooks.py
@@ -84,7 +83,6 @@ gpu_lane=$!
 (
   run_if overhead 220 "$PY" bench/hook_overhead.py ${OVERHEAD_ARGS:-}
   # diagnostics of where the figure comes from (not in the default list)
-  run_if overhead_burst 220 "$PY" bench/hook_overhead.py ${OVERHEAD_ARGS:-} --drain-chunk 1000000000
   run_if overhead_inter 120 "$PY" bench/hook_overhead.py ${OVERHEAD_ARGS:-} --interleave off,full
   run_if overhead_nobg 120 "$PY" bench/hook_overhead.py ${OVERHEAD_ARGS:-} --interleave off,full --stop-worker
   run_if micro 60 "$PY" bench/hook_overhead.py --micro

@@ -97,8 +97,7 @@ def worker(rank: int, world: int, port: int, a: argparse.Namespace, out: str) ->
             dp_group = g
     spool = Path(out) / "spool"
     # level switches are seen within 0.1 s; the queue is drained at --poll-interval
-    cfg = hooks.HookConfig(poll_interval_s=a.poll_interval, control_interval_s=0.1,
-                           **({"drain_chunk": a.drain_chunk} if a.drain_chunk else {}))
+    cfg = hooks.HookConfig(poll_interval_s=a.poll_interval, control_interval_s=0.1)
     rec = hooks.init(job="overhead", rank=rank, topology=topo, spool=spool, config=cfg)
     ctl = control_path(spool, "overhead")
     torch.manual_seed(rank // a.tp)
@@ -364,9 +363,6 @@ def main() -> int:
     ap.add_argument("--poll-interval", type=float, default=0.5,
                     help="the hooks' drain interval, HookConfig.poll_interval_s (default 0.5, "
                          "the hooks' default; the control file is checked every 0.1 s)")
-    ap.add_argument("--drain-chunk", type=int, default=0,
-                    help="queue items the background thread converts between yields of the GIL "
-                         "(default: HookConfig's; a huge value: one burst per drain, as before)")
     ap.add_argument("--target", type=float, default=TARGET, help="point-estimate target (default 1.005)")
     ap.add_argument("--micro", action="store_true",
                     help="per-call cost of the wrappers on a 1-rank group instead (see below)")

@@ -70,10 +70,6 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
-YIELD_S = 5e-5
-"""How long the background thread sleeps between slices of a drain: a bare release of the
-GIL can be won back before a waiting thread wakes up."""
-
 UNRESOLVED_MAX = 32
 """Synchronous CPU ops whose tensor is read (bytes, dtype) later, at most; see
 ``Recorder.unresolved``."""
@@ -124,11 +120,6 @@ class HookConfig:
     """Period of the ``metrics`` rows with source='hooks'."""
     reanchor_interval_s: float = 10.0
     """Period of clock re-anchoring (CPU offset, CUDA anchor event)."""
-    drain_chunk: int = 256
-    """Queue items converted between two yields of the GIL (a sleep of ``YIELD_S``): a
-    busy half-second's drain comes in slices, so the training thread, back from a kernel
-    launch or a collective, does not wait for the whole burst (the interpreter would
-    make it wait up to its switch interval, 5 ms, and a lock-step job's peers with it)."""
     max_pending: int = 16384
     """Records waiting for CUDA events or async completion before new ones are dropped."""
     resolve_timeout_s: float = 2.0
@@ -352,19 +343,11 @@ class Recorder:
 
     def _drain(self) -> None:
         q, o = self.queue, self.ops
-        n_q, n_o = len(q), len(o)  # what the trainer had queued when the drain began
+        items = [q.popleft() for _ in range(len(q))]
+        ops = [o.popleft() for _ in range(len(o))]
         waiting = self.waiting
         self.waiting = []
-        late: list[tuple] = []
-        chunk = self.config.drain_chunk
-        while n_q or n_o:
-            k_q, k_o = min(n_q, chunk), min(n_o, chunk)
-            n_q, n_o = n_q - k_q, n_o - k_o
-            items = [q.popleft() for _ in range(k_q)]
-            ops = [o.popleft() for _ in range(k_o)]
-            late += self._convert_all(items, ops)
-            if n_q or n_o:
-                time.sleep(YIELD_S)
+        late = self._convert_all(items, ops) if items or ops else []
         if waiting:  # older items waiting for their CUDA events: still waiting go first
             self.waiting = self._convert_all(waiting, [])
         room = self.config.max_pending - len(self.waiting)
