@@ -15,7 +15,8 @@ with the k-th receive, an ASOF join of ops into the top-level section they start
   arrival) as :func:`.breakdown.group_transfer` computes it and as the what-if profile
   sums it;
 * :data:`STEP_GAPS_SQL` - per step: the longest job-wide gap between consecutive
-  completions (the op-progress hang rule's history, :mod:`.progress`);
+  completions (the op-progress hang rule's history, :mod:`.progress`), exact from
+  :data:`GAP_BUCKET_NS` (1 ms) up;
 * :data:`MISMATCH_SQL` - the raw rows of the (rare) ``(group_id, seq)`` whose members
   disagree on op, size or dtype.
 
@@ -55,7 +56,7 @@ c AS MATERIALIZED (
 ),
 g AS (
   SELECT group_id, seq, max(enqueued_ns) AS last, count() AS n, min(completed_ns) AS first_done,
-         (quantileExactLow(0.5)(enqueued_ns) + quantileExactHigh(0.5)(enqueued_ns)) / 2 AS med,
+         quantileExactInclusive(0.5)(enqueued_ns) AS med,
          argMax(rank, enqueued_ns) AS last_rank
   FROM c WHERE NOT p2p GROUP BY group_id, seq
 ),
@@ -72,22 +73,20 @@ coll AS (
 pk AS (
   SELECT rank, step, group_id, axis, seq, op, bytes, peer, enqueued_ns, completed_ns, comm_ns,
          toUInt8(op IN ('send', 'isend')) AS is_send, if(is_send, rank, peer) AS src,
-         if(is_send, peer, rank) AS dst, 1 - is_send AS want,
+         if(is_send, peer, rank) AS dst,
          row_number() OVER (PARTITION BY step, src, dst, is_send ORDER BY enqueued_ns) AS k
   FROM c WHERE p2p
 ),
-p2p AS (
-  SELECT a.rank AS rank, a.step AS step, a.group_id AS group_id, a.axis AS axis, a.seq AS seq,
-         a.op AS op, a.bytes AS bytes, a.enqueued_ns AS enqueued_ns, a.comm_ns AS comm_ns,
-         if(b.hit = 1, b.enqueued_ns, a.enqueued_ns) AS other,
-         greatest(a.enqueued_ns, other) AS last_arr,
-         least(greatest(last_arr - a.enqueued_ns, 0), a.comm_ns) AS wait_ns,
-         toFloat64(a.enqueued_ns - other) AS lateness_ns, a.enqueued_ns > other AS is_last,
-         greatest(a.completed_ns - last_arr, 0) AS transfer_ns,
-         if(is_last, a.rank, a.peer) AS waited_on_rank
-  FROM pk AS a
-  LEFT JOIN (SELECT step, src, dst, k, is_send, enqueued_ns, 1 AS hit FROM pk) AS b
-    ON a.step = b.step AND a.src = b.src AND a.dst = b.dst AND a.k = b.k AND a.want = b.is_send
+p2p AS (  -- the k-th send and the k-th receive of a (step, src, dst) share a window
+  SELECT rank, step, group_id, axis, seq, op, bytes, enqueued_ns, comm_ns,
+         if(n2 = 2, sum2 - enqueued_ns, enqueued_ns) AS other,
+         greatest(enqueued_ns, other) AS last_arr,
+         least(greatest(last_arr - enqueued_ns, 0), comm_ns) AS wait_ns,
+         toFloat64(enqueued_ns - other) AS lateness_ns, enqueued_ns > other AS is_last,
+         greatest(completed_ns - last_arr, 0) AS transfer_ns,
+         if(is_last, rank, peer) AS waited_on_rank
+  FROM (SELECT *, count() OVER w AS n2, sum(enqueued_ns) OVER w AS sum2 FROM pk
+        WINDOW w AS (PARTITION BY step, src, dst, k))
 ),
 arr AS MATERIALIZED (
   SELECT rank, step, group_id, axis, seq, op, bytes, enqueued_ns, comm_ns, wait_ns, lateness_ns,
@@ -142,7 +141,7 @@ sec AS (
 ra AS (
   SELECT rank, step, sum(wait_ns) AS wait_ns, count() AS num_collectives,
          countIf(is_last) AS num_last_arrivals,
-         (quantileExactLow(0.5)(lateness_ns) + quantileExactHigh(0.5)(lateness_ns)) / 2 AS lateness_med_ns
+         quantileExactInclusive(0.5)(lateness_ns) AS lateness_med_ns
   FROM arr GROUP BY rank, step
 ),
 rc AS (SELECT rank, step, sum(excl_ns) AS comm_ns FROM ex GROUP BY rank, step),
@@ -180,7 +179,7 @@ per_op AS (  -- breakdown.group_transfer: a collective op once per group, each p
 ),
 gt AS (
   SELECT group_id, axis, step, sum(t) AS gt_transfer_ns,
-         (quantileExactLow(0.5)(t) + quantileExactHigh(0.5)(t)) / 2 AS op_transfer_ns,
+         quantileExactInclusive(0.5)(t) AS op_transfer_ns,
          count() AS num_ops, sum(b) AS bytes
   FROM per_op GROUP BY group_id, axis, step
 ),
@@ -253,21 +252,37 @@ def split_rank_group_arrow(tbl: pa.Table) -> tuple[pd.DataFrame, pd.DataFrame, p
             rt.select(["rank", "step", *MB_COLS]))
 
 
-STEP_GAPS_SQL = """
+GAP_BUCKET_NS = 1_000_000
+"""Resolution of :data:`STEP_GAPS_SQL`: gaps of at least this are exact; a step whose
+longest gap is shorter may read up to this much less (the hang rule's thresholds are
+seconds)."""
+
+STEP_GAPS_SQL = f"""
 SELECT step, max(gap) / 1e9 AS gap_s FROM (
-  SELECT step, t - lagInFrame(t, 1, t) OVER (ORDER BY t ASC
-                                             ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS gap
+  -- Completions are bucketed by time; the gap before each bucket's first completion is
+  -- exact (its min time minus the previous bucket's max) and is that completion's step's;
+  -- the gaps inside a bucket are shorter than a bucket and count as 0. A hash aggregation
+  -- into ~1,000 buckets a second instead of sorting every completion. Every step seen
+  -- gets a row (gap 0 at least): the hang rule counts the steps of history.
+  SELECT arrayJoin(arrayConcat([(opener, t0 - lagInFrame(t1, 1, t0) OVER (ORDER BY b ASC
+                                  ROWS BETWEEN 1 PRECEDING AND CURRENT ROW))],
+                               arrayMap(x -> (x, 0), seen))) AS p, p.1 AS step, p.2 AS gap
   FROM (
-    SELECT step, completed_ns AS t FROM collectives
-    WHERE job = {job:String} AND attempt = {attempt:Int32}
-      AND step >= {ctx_step:Int64} AND step <= {to_step:Int64} AND state = 'completed'
-    UNION ALL
-    SELECT step, end_ns AS t FROM sections
-    WHERE job = {job:String} AND attempt = {attempt:Int32}
-      AND step >= {ctx_step:Int64} AND step <= {to_step:Int64}
-  ) WHERE t > 0 AND step > {first_step:Int64}
+    SELECT intDiv(t, {GAP_BUCKET_NS}) AS b, argMin(step, t) AS opener, min(t) AS t0, max(t) AS t1,
+           groupUniqArray(step) AS seen
+    FROM (
+      SELECT step, completed_ns AS t FROM collectives
+      WHERE job = {{job:String}} AND attempt = {{attempt:Int32}}
+        AND step >= {{ctx_step:Int64}} AND step <= {{to_step:Int64}} AND state = 'completed'
+      UNION ALL
+      SELECT step, end_ns AS t FROM sections
+      WHERE job = {{job:String}} AND attempt = {{attempt:Int32}}
+        AND step >= {{ctx_step:Int64}} AND step <= {{to_step:Int64}}
+    ) WHERE t > 0 AND step > {{first_step:Int64}}
+    GROUP BY b
+  )
 )
-WHERE step >= {from_step:Int64}
+WHERE step >= {{from_step:Int64}}
 GROUP BY step
 """
 
@@ -287,7 +302,7 @@ WITH bad AS (
   SELECT group_id, seq FROM collectives
   WHERE {_RANGE} AND op NOT IN {_P2P}
   GROUP BY group_id, seq
-  HAVING uniqExact(op) > 1 OR uniqExact(bytes) > 1 OR uniqExact(dtype) > 1
+  HAVING min(op) != max(op) OR min(bytes) != max(bytes) OR min(dtype) != max(dtype)
   LIMIT 16
 )
 SELECT rank, step, group_id, seq, op, bytes, dtype FROM collectives
