@@ -32,3 +32,12 @@ def fleet_world(text: str) -> int:
     if world < 64 or world % 64:
         raise argparse.ArgumentTypeError(f"{world}: expected a positive multiple of 64 (DP x PP 8 x TP 8)")
     return world
+
+
+def add_sim_store_args(ap: argparse.ArgumentParser, steps: int) -> None:
+    """The options of a bench that stores the fleet simulator's job (``bench/full_pass.py``'s
+    builder): ``--world``, ``--steps``, ``--microbatches``, ``--tp-ops``."""
+    ap.add_argument("--world", type=fleet_world, default=12288, help="ranks, a multiple of 64 (default 12288)")
+    ap.add_argument("--steps", type=int, default=steps, help=f"steps stored (default {steps})")
+    ap.add_argument("--microbatches", type=int, default=4, help="micro-batches per step (default 4)")
+    ap.add_argument("--tp-ops", type=int, default=4, help="TP collectives per micro-batch (default 4)")

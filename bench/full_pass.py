@@ -126,6 +126,13 @@ class Builder:
         self.step += 1
         return time.perf_counter() - t
 
+    def fill(self, steps: int) -> None:
+        """Play and store ``steps`` steps, with a progress line."""
+        for s in range(steps):
+            self.add()
+            print(f"\r  stored step {s + 1}/{steps}: {self.rows:,} rows", end="", flush=True)
+        print(flush=True)
+
     def now_ns(self) -> int:
         return self.t0_ns + int(self.clock.max()) + int(1e9)
 

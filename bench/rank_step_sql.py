@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _cli import fleet_world  # noqa: E402  (a sibling: bench/ is on sys.path)
+from _cli import add_sim_store_args  # noqa: E402  (a sibling: bench/ is on sys.path)
 
 PREVIOUS_ARR = """arr0 AS (
   SELECT rank, step, group_id, axis, seq, op, bytes, enqueued_ns, comm_ns, wait_ns, lateness_ns,
@@ -79,12 +79,9 @@ def _canon(df):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--world", type=fleet_world, default=12288, help="ranks, a multiple of 64 (default 12288)")
-    ap.add_argument("--steps", type=int, default=6, help="steps stored (default 6)")
+    add_sim_store_args(ap, steps=6)
     ap.add_argument("--marks", type=int, default=3, help="complete steps reduced, the newest ones (default 3)")
     ap.add_argument("--repeat", type=int, default=5, help="timed runs of each query per step (default 5)")
-    ap.add_argument("--microbatches", type=int, default=4, help="micro-batches per step (default 4)")
-    ap.add_argument("--tp-ops", type=int, default=4, help="TP collectives per micro-batch (default 4)")
     args = ap.parse_args(argv)
     if min(args.marks, args.repeat, args.microbatches, args.tp_ops) < 1:
         ap.error("--marks, --repeat, --microbatches and --tp-ops must be positive")
@@ -105,10 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         b = Builder(store, args.world, args.microbatches, args.tp_ops,
                     time.time_ns() - (args.steps + 2) * 2 * 10**9)
-        for s in range(args.steps):
-            b.add()
-            print(f"\r  stored step {s + 1}/{args.steps}: {b.rows:,} rows", end="", flush=True)
-        print(flush=True)
+        b.fill(args.steps)
         print(f"  {'step':>5} {'raw rows':>10} {'previous p50':>13} {'current p50':>12} {'cur/prev':>9}  same")
         ratios, same = [], True
         last = args.steps - 2  # the newest complete step (the last one stored is in progress)

@@ -82,15 +82,12 @@ def _same(name: str, prev, cur, bucket_s: float) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _cli import fleet_world  # a sibling: bench/ is on sys.path when run as a script
+    from _cli import add_sim_store_args  # a sibling: bench/ is on sys.path when run as a script
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--world", type=fleet_world, default=12288, help="ranks, a multiple of 64 (default 12288)")
-    ap.add_argument("--steps", type=int, default=6, help="steps stored (default 6)")
+    add_sim_store_args(ap, steps=6)
     ap.add_argument("--marks", type=int, default=3, help="newest steps each query is asked about (default 3)")
     ap.add_argument("--repeat", type=int, default=5, help="timed runs of each form per step (default 5)")
-    ap.add_argument("--microbatches", type=int, default=4, help="micro-batches per step (default 4)")
-    ap.add_argument("--tp-ops", type=int, default=4, help="TP collectives per micro-batch (default 4)")
     args = ap.parse_args(argv)
     if min(args.marks, args.repeat, args.microbatches, args.tp_ops) < 1:
         ap.error("--marks, --repeat, --microbatches and --tp-ops must be positive")
@@ -112,10 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         b = Builder(store, args.world, args.microbatches, args.tp_ops,
                     time.time_ns() - (args.steps + 2) * 2 * 10**9)
-        for s in range(args.steps):
-            b.add()
-            print(f"\r  stored step {s + 1}/{args.steps}: {b.rows:,} rows", end="", flush=True)
-        print(flush=True)
+        b.fill(args.steps)
         print(f"  {'query':<9} {'step':>5} {'previous p50':>13} {'current p50':>12} {'cur/prev':>9}  same")
         last = args.steps - 1  # the step in progress
         for step in range(last - args.marks + 1, last + 1):
