@@ -34,10 +34,22 @@ def fleet_world(text: str) -> int:
     return world
 
 
-def add_sim_store_args(ap: argparse.ArgumentParser, steps: int) -> None:
+def add_sim_store_args(ap: argparse.ArgumentParser, steps: int, marks_help: str) -> None:
     """The options of a bench that stores the fleet simulator's job (``bench/full_pass.py``'s
-    builder): ``--world``, ``--steps``, ``--microbatches``, ``--tp-ops``."""
+    builder) and times queries on its newest steps: ``--world``, ``--steps``,
+    ``--microbatches``, ``--tp-ops``, ``--marks``, ``--repeat``."""
     ap.add_argument("--world", type=fleet_world, default=12288, help="ranks, a multiple of 64 (default 12288)")
     ap.add_argument("--steps", type=int, default=steps, help=f"steps stored (default {steps})")
     ap.add_argument("--microbatches", type=int, default=4, help="micro-batches per step (default 4)")
     ap.add_argument("--tp-ops", type=int, default=4, help="TP collectives per micro-batch (default 4)")
+    ap.add_argument("--marks", type=int, default=3, help=f"{marks_help} (default 3)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs of each form per step (default 5)")
+
+
+def check_sim_store_args(ap: argparse.ArgumentParser, args: argparse.Namespace, spare_steps: int) -> None:
+    """Usage errors for :func:`add_sim_store_args`'s options: all positive, and ``--steps``
+    at least ``--marks`` + ``spare_steps``."""
+    if min(args.marks, args.repeat, args.microbatches, args.tp_ops) < 1:
+        ap.error("--marks, --repeat, --microbatches and --tp-ops must be positive")
+    if args.steps < args.marks + spare_steps:
+        ap.error(f"--steps {args.steps}: need at least --marks + {spare_steps} ({args.marks + spare_steps})")

@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _cli import add_sim_store_args  # noqa: E402  (a sibling: bench/ is on sys.path)
+from _cli import add_sim_store_args, check_sim_store_args  # noqa: E402  (a sibling: bench/ is on sys.path)
 
 PREVIOUS_ARR = """arr0 AS (
   SELECT rank, step, group_id, axis, seq, op, bytes, enqueued_ns, comm_ns, wait_ns, lateness_ns,
@@ -79,15 +79,9 @@ def _canon(df):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_sim_store_args(ap, steps=6)
-    ap.add_argument("--marks", type=int, default=3, help="complete steps reduced, the newest ones (default 3)")
-    ap.add_argument("--repeat", type=int, default=5, help="timed runs of each query per step (default 5)")
+    add_sim_store_args(ap, steps=6, marks_help="complete steps reduced, the newest ones")
     args = ap.parse_args(argv)
-    if min(args.marks, args.repeat, args.microbatches, args.tp_ops) < 1:
-        ap.error("--marks, --repeat, --microbatches and --tp-ops must be positive")
-    if args.steps < args.marks + 2:
-        ap.error(f"--steps {args.steps}: need at least --marks + 2 ({args.marks + 2}), the newest step "
-                 "being incomplete")
+    check_sim_store_args(ap, args, spare_steps=2)  # the newest step stored is incomplete
 
     from fleetscope.server.diagnosis import rollups
     from fleetscope.server.store import Store

@@ -82,17 +82,13 @@ def _same(name: str, prev, cur, bucket_s: float) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _cli import add_sim_store_args  # a sibling: bench/ is on sys.path when run as a script
+    # a sibling: bench/ is on sys.path when run as a script
+    from _cli import add_sim_store_args, check_sim_store_args
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_sim_store_args(ap, steps=6)
-    ap.add_argument("--marks", type=int, default=3, help="newest steps each query is asked about (default 3)")
-    ap.add_argument("--repeat", type=int, default=5, help="timed runs of each form per step (default 5)")
+    add_sim_store_args(ap, steps=6, marks_help="newest steps each query is asked about")
     args = ap.parse_args(argv)
-    if min(args.marks, args.repeat, args.microbatches, args.tp_ops) < 1:
-        ap.error("--marks, --repeat, --microbatches and --tp-ops must be positive")
-    if args.steps < args.marks + 3:
-        ap.error(f"--steps {args.steps}: need at least --marks + 3 ({args.marks + 3})")
+    check_sim_store_args(ap, args, spare_steps=3)  # each mark reads the two steps before it
 
     from fleetscope.server.diagnosis import rollups
     from fleetscope.server.store import Store
