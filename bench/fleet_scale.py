@@ -16,9 +16,11 @@ Per world size, each scenario on a fresh server with its default settings:
 
 Then two concurrent jobs of 4,096 ranks (clean + clean, then hang + straggler), the
 largest ``--tp-ops-per-microbatch`` whose ingest keeps up at the largest size, and the
-pure pass time per world size (8 ... 12,288): the store loads and reduces a 24-step
-window (``loader.load_job_frames``) and ``engine.diagnose`` runs on it, in a process
-of its own, without HTTP. Targets are checked and printed as PASS/FAIL; exit status 1
+pure pass time per world size (8 ... 12,288), in a process of its own, without HTTP, on
+a 24-step window: the issue's pass (the raw rows into pandas, ``loader.load_job_frames``,
+then ``engine.diagnose``) beside today's (ClickHouse's reductions,
+``loader.load_reduced_frames``, then ``engine.diagnose``) with a cold step cache and in
+steady state, one new step a pass. Targets are checked and printed as PASS/FAIL; exit status 1
 when one fails.
 
     .venv/bin/python bench/fleet_scale.py                   # full figures (~40 min, quiet machine)
@@ -420,8 +422,9 @@ def faulted(args, world: int, work: Path, kinds: list[str]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ pure pass
 def pure_one(world: int, num_steps: int) -> dict[str, float]:
     """In this process: generate a window, store it in a fresh chdb store, time a pass."""
+    from fleetscope.server.diagnosis import rollups
     from fleetscope.server.diagnosis.engine import JobInfo, diagnose
-    from fleetscope.server.diagnosis.loader import load_job_frames
+    from fleetscope.server.diagnosis.loader import load_job_frames, load_reduced_frames
     from fleetscope.server.store.client import Store
     from fleetscope.sim.faults import FaultPlan
     from fleetscope.sim.schedule import StepModel, Timing
@@ -444,28 +447,51 @@ def pure_one(world: int, num_steps: int) -> dict[str, float]:
     store = Store.open(f"chdb://{tmp / 'store'}")
     clock = np.zeros(model.layout.shape)
     rows = 0
+
+    def add_step(s: int) -> int:
+        nonlocal clock
+        o = model.play(s, clock)
+        fleet.add_step(o)
+        clock = o.end
+        n = 0
+        for name, (table, _) in fleet.take(float(clock.max())).items():
+            store.insert_arrow(name, table)
+            n += table.num_rows
+        return n
+
+    def reduced_pass(cache: Any, now: int) -> tuple[float, float]:
+        t = time.perf_counter()
+        frames = load_reduced_frames(store, "pure", now, cache, topo.world_size, 4, window_steps=24)
+        t1 = time.perf_counter()
+        diagnose(info, frames, now)
+        return t1 - t, time.perf_counter() - t1
+
     try:
         for s in range(num_steps):
-            o = model.play(s, clock)
-            fleet.add_step(o)
-            clock = o.end
-            data = fleet.take(float(clock.max()))
-            for name, (table, _) in data.items():
-                store.insert_arrow(name, table)
-                rows += table.num_rows
+            rows += add_step(s)
         now = t0 + int(clock.max()) + int(1e9)
         info = JobInfo(job="pure", topology=topo, num_microbatches=4, model_flops_per_step=1e15,
                        device_peak_flops=989e12, start_ns=t0)
         load_s, diag_s = [], []
-        for _ in range(3):
+        for _ in range(3):  # the issue's pass: the window's raw rows into pandas
             t = time.perf_counter()
             frames = load_job_frames(store, "pure", now, window_steps=24)
             load_s.append(time.perf_counter() - t)
             t = time.perf_counter()
             diagnose(info, frames, now)
             diag_s.append(time.perf_counter() - t)
+        cold = [reduced_pass(rollups.StepCache(), now) for _ in range(3)]  # today's, cold cache
+        cache, steady = rollups.StepCache(), []
+        reduced_pass(cache, now)
+        for s in range(num_steps, num_steps + 3):  # today's, steady state: one new step a pass
+            add_step(s)
+            steady.append(reduced_pass(cache, t0 + int(clock.max()) + int(1e9)))
         return {"world": topo.world_size, "rows": rows, "load_s": float(np.median(load_s)),
-                "diagnose_s": float(np.median(diag_s))}
+                "diagnose_s": float(np.median(diag_s)),
+                "cold_store_s": float(np.median([a for a, _ in cold])),
+                "cold_diagnose_s": float(np.median([b for _, b in cold])),
+                "steady_store_s": float(np.median([a for a, _ in steady])),
+                "steady_diagnose_s": float(np.median([b for _, b in steady]))}
     finally:
         store.close()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -486,9 +512,12 @@ def pure(sizes: list[int], num_steps: int) -> list[dict[str, Any]]:
             print(f"  pure pass {w:>6} ranks: ERROR {r['error']}", flush=True)
         else:
             base = ISSUE_BASELINE_PASS_S.get(w)
-            print(f"  pure pass {r['world']:>6} ranks: {r['rows']:>10,} rows stored, load+reduce "
-                  f"{r['load_s']:.2f} s, diagnose {r['diagnose_s']:.2f} s"
-                  + (f" (issue baseline {base:.2f} s)" if base else ""), flush=True)
+            print(f"  pure pass {r['world']:>6} ranks: {r['rows']:>10,} rows stored; raw window (the issue's "
+                  f"pass) load {r['load_s']:.2f} s + diagnose {r['diagnose_s']:.2f} s"
+                  + (f" (issue baseline {base:.2f} s)" if base else "")
+                  + f"; reduced, cold cache {r['cold_store_s']:.2f} + {r['cold_diagnose_s']:.2f} s; "
+                  f"reduced, one new step {r['steady_store_s']:.2f} + {r['steady_diagnose_s']:.2f} s",
+                  flush=True)
     return out
 
 
@@ -626,7 +655,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"ingest lag p95 {c['lag_p95']:.1f} s", flush=True)
         ok_k = [k for k, c in sweep if c["lag_p95"] <= TARGETS["ingest_lag_s"] and c["drained"]]
         print(f"  largest K one node sustains at {w:,} ranks: {max(ok_k) if ok_k else 'none of ' + args.k_sweep}")
-    print("pure pass per world size (store load+reduce of a 24-step window, then engine.diagnose):", flush=True)
+    print("pure pass per world size, store + engine.diagnose on a 24-step window: the issue's pass (raw "
+          "rows into pandas), the reduced pass with a cold cache, and in steady state (one new step):",
+          flush=True)
     pure_sizes = [int(s) for s in args.pure_sizes.split(",") if s]
     pure(pure_sizes, 24)
     # ---- targets, at the largest size run
