@@ -364,3 +364,38 @@ def test_failed_job_all_gone_at_once_culprit_is_the_rank_behind():
     assert a.stalled and a.culprits == (3,) and a.hang_class == HangClass.PROCESS_DEAD
     assert not analyse_hang("j", TOPO, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), together, _progress(),
                             job_failed=False, rank_last_step=last).stalled
+
+
+def test_crash_everyone_gone_together_the_rank_without_a_failed_op_went_first():
+    # gloo: rank 7 exits, every peer's next op with it fails at once ("connection closed by
+    # peer"), the cascade takes everyone down within one heartbeat, and every rank
+    # completed the same steps: only the failed ops tell the victims from the culprit
+    together = _hb(dead=tuple(range(8))).assign(dead_since_ns=NOW - 20 * 10**9)
+    rows = [_inf(r, "idle", ts=NOW - 22 * 10**9) for r in range(8)]
+    last = {r: 5 for r in range(8)}
+    failed = {r: NOW - 21 * 10**9 for r in range(7)}
+    for job_failed in (True, False):  # whether or not rank 0 wrote the final status
+        a = analyse_hang("j", TOPO, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), together, _progress(),
+                         job_failed=job_failed, rank_last_step=last, failed_ops=failed)
+        assert a.stalled and a.culprits == (7,) and a.hang_class == HangClass.PROCESS_DEAD, a
+        assert a.evidence["failed_op_ranks"] == list(range(7))
+    # every rank (or none) saw an op fail: nothing singles anyone out, and with no final
+    # status, no blocked rank and no laggard the job just ended
+    for fo in ({r: NOW - 21 * 10**9 for r in range(8)}, {}):
+        assert not analyse_hang("j", TOPO, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), together,
+                                _progress(), rank_last_step=last, failed_ops=fo).stalled
+    # the failed ops narrow, the first-silent evidence still decides inside them
+    failed2 = {r: NOW - 21 * 10**9 for r in range(6)}
+    a = analyse_hang("j", TOPO, NOW, _steps(NOW - 26 * 10**9), pd.DataFrame(rows), together, _progress(),
+                     job_failed=True, rank_last_step=last, failed_ops=failed2,
+                     last_seen={r: NOW - (25 if r == 6 else 22) * 10**9 for r in range(8)})
+    assert a.culprits == (6,), a
+
+
+def test_failed_ops_are_read_only_once_every_rank_is_dead():
+    from fleetscope.server.diagnosis.loader import all_ranks_dead
+
+    assert not all_ranks_dead(_hb(dead=(3,)), 8)
+    assert all_ranks_dead(_hb(dead=tuple(range(8))), 8)
+    assert not all_ranks_dead(_hb(dead=tuple(range(8))).query("rank != 4"), 8)  # rank 4 never seen
+    assert not all_ranks_dead(pd.DataFrame(), 8)

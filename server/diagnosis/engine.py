@@ -162,7 +162,8 @@ def diagnose_hang(info: JobInfo, frames: JobFrames, now_ns: int,
     hang = analyse_hang(info.job, topo, now_ns, frames.step_times, frames.inflight,
                         frames.heartbeats, frames.progress, info.start_ns, frames.last_seen,
                         hc, job_failed=info.status == "failed", rank_last_step=rank_last,
-                        progress_stall=op, warmup_step=frames.first_step, reference=reference)
+                        progress_stall=op, warmup_step=frames.first_step, reference=reference,
+                        failed_ops=frames.failed_ops)
     hang = keep_culprits(previous, hang)
     hosts = frames.hosts
     host_data = {}

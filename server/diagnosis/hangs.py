@@ -465,7 +465,7 @@ class Localised(NamedTuple):
 def localise(
     topo: Topology, states: Mapping[int, RankState], progress: pd.DataFrame,
     last_seen: dict[int, int] | None = None, last_known: Mapping[int, RankState] | None = None,
-    reference: bool = False,
+    reference: bool = False, failed_ops: Mapping[int, int] | None = None,
 ) -> Localised:
     """Culprit ranks (most waited-on first), class, group, wait-for chain and evidence.
 
@@ -475,6 +475,10 @@ def localise(
     ``last_known`` are the ranks' states from their latest in-flight records however old,
     used when every process is gone (a crash that took the job down, or a hung job that
     was killed): the graph just before the end still points at the culprit.
+
+    ``failed_ops`` (rank -> time of its first failed op, read once every process is gone):
+    ranks whose ops failed under them lost a peer; when some ranks died without a failed
+    op, the first to go is among those (:func:`died_without_failed_op`).
     """
     edges = (wait_for_graph_reference if reference else wait_for_graph)(topo, states, progress)
     if isinstance(states, RankStates):
@@ -496,6 +500,10 @@ def localise(
             seen, gap = {r: (last_seen or {}).get(r) or states[r].since_ns for r in dead}, CRASH_GAP_NS
         t_first = min(seen.values())
         first_dead = tuple(sorted(r for r in dead if seen[r] - t_first < gap))
+        unfailed = died_without_failed_op(dead, failed_ops)
+        if unfailed:  # their peers' ops failed when they vanished: they went first
+            first_dead = tuple(r for r in first_dead if r in unfailed) or unfailed
+            evidence["failed_op_ranks"] = sorted(r for r in dead if r not in unfailed)
         crash = len(first_dead) < len(dead)  # one went silent while the others still reported
         evidence.update(all_dead=True, first_silent=list(first_dead),
                         silent_before_others_s=round((sorted(seen.values())[len(first_dead)] - t_first) / 1e9, 3)
@@ -554,6 +562,19 @@ def localise(
         evidence["other_roots"] = [r for r in roots if r not in culprits]
     evidence["num_waiting_on_culprit"] = {str(r): waiters[r] for r in culprits}
     return Localised(culprits, cls, group_id, tuple(_chain_to(chain, set(culprits))), evidence)
+
+
+def died_without_failed_op(dead: list[int] | tuple[int, ...],
+                           failed_ops: Mapping[int, int] | None) -> tuple[int, ...]:
+    """Of ``dead`` ranks (every process of the job gone), those whose latest steps hold no
+    failed op, when that singles some out: a rank that crashed took no op down with it,
+    while each peer that was in (or entered) an op with it saw that op fail - gloo at once
+    ("connection closed by peer"), NCCL when its watchdog aborts. Empty when no rank or
+    every rank has a failed op (nothing tells them apart)."""
+    if not failed_ops:
+        return ()
+    out = tuple(sorted(r for r in dead if r not in failed_ops))
+    return out if len(out) < len(dead) else ()
 
 
 def _upstream_counts(roots: list[int], edges: dict[int, list[tuple[int, str]]]) -> dict[int, int]:
@@ -636,6 +657,7 @@ def analyse_hang(
     progress_stall: ProgressStall | None = None,
     warmup_step: int = -1,
     reference: bool = False,
+    failed_ops: Mapping[int, int] | None = None,
 ) -> HangAnalysis:
     """Is the job stalled, and if so, who is the culprit and why.
 
@@ -657,6 +679,8 @@ def analyse_hang(
         warmup_step: the attempt's first step, left out of the step-time p99.
         reference: rank by rank (:func:`rank_states_reference`), as the previous pass
             did; the same verdict, slower (the benchmark's and the tests' reference).
+        failed_ops: rank -> time of its first failed op in the latest steps, once every
+            rank is dead (:data:`.loader.FAILED_OPS`): who lost a peer, who went first.
     """
     threshold = stall_threshold_s(steps, config, warmup_step)
     last_end = int(steps["end_ns"].max()) if not steps.empty else int(started_ns)
@@ -688,7 +712,9 @@ def analyse_hang(
                                     "all_dead": True, "job_failed": job_failed,
                                     "last_step_per_rank": {str(r): v for r, v in sorted(rank_last_step.items())},
                                     "culprit_hosts": sorted({states[r].host for r in laggards if states[r].host})})
-        elif job_failed:
+        elif job_failed or died_without_failed_op(list(states.keys()), failed_ops):
+            # (some ranks died with an op failing under them - a peer vanished - and some
+            # without: a crash, whether or not the job's final status record was written)
             threshold = 0.0
         elif not _any_in(last_known, *IN_OP):
             # every process exited together and nobody was blocked: the job ended (its
@@ -713,7 +739,8 @@ def analyse_hang(
         if op_due is not None:
             due.append(op_due)
         return _not_stalled(job, last_end, stalled_for, threshold, last_step, min(due) if due else None)
-    culprits, cls, gid, chain, ev = localise(topo, states, progress, last_seen, last_known, reference=reference)
+    culprits, cls, gid, chain, ev = localise(topo, states, progress, last_seen, last_known, reference=reference,
+                                             failed_ops=failed_ops)
     ev["culprit_hosts"] = sorted({states[r].host for r in culprits if states[r].host})
     detected_by = "step_stall"
     # report the rule whose threshold was crossed first (stable from pass to pass)

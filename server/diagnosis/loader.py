@@ -77,6 +77,17 @@ WHERE job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:In
 GROUP BY rank, group_id
 """
 
+FAILED_OPS = """
+SELECT rank, min(completed_ns) AS failed_ns
+FROM collectives
+WHERE job = {job:String} AND attempt = {attempt:Int32} AND step >= {from_step:Int64}
+  AND state = 'failed'
+GROUP BY rank
+"""
+"""Each rank's first failed op (an error raised by the communication layer: a peer
+vanished) in the latest steps. Run only once every rank of the job is dead: which ranks
+died with an op failing under them (victims) and which without (the first to go)."""
+
 INFLIGHT_LATEST = """
 SELECT rank, max(ts_ns) AS last_ts, argMax(step, ts_ns) AS cur_step, argMax(kind, ts_ns) AS cur_kind,
        argMax(op, ts_ns) AS cur_op, argMax(group_id, ts_ns) AS cur_group_id,
@@ -262,6 +273,9 @@ class JobFrames:
     ``collectives`` are empty and ``steps`` holds one row per rank (its newest step)."""
     host_last_ns: dict[str, int] = field(default_factory=dict)
     """Host -> newest heartbeat time stored from its agent (any job)."""
+    failed_ops: dict[int, int] = field(default_factory=dict)
+    """Rank -> time of its first failed op in the latest steps; read only once every rank
+    is dead (:data:`FAILED_OPS`), empty otherwise."""
 
     @property
     def hosts(self) -> dict[int, str]:
@@ -304,8 +318,26 @@ def named_queries() -> dict[str, str]:
             "hw_metrics": HW_METRICS, "hosts_last": HOSTS_LAST,
             "attempt_last_step": ATTEMPT_LAST_STEP, "recent": RECENT, "hosts_last_newest": HOSTS_LAST_NEWEST,
             "hw_metrics_in": HW_METRICS_IN, "inflight_newest": INFLIGHT_NEWEST,
-            "recent_work": RECENT_WORK, "progress_newest": PROGRESS_NEWEST}
+            "recent_work": RECENT_WORK, "progress_newest": PROGRESS_NEWEST, "failed_ops": FAILED_OPS}
     return {**mine, **{f"rollup_{k}": v for k, v in rollups.QUERIES.items()}}
+
+
+def rank_min(df: pd.DataFrame, col: str) -> dict[int, int]:
+    """Rank -> the smallest ``col`` of its rows, as plain ints."""
+    if df.empty:
+        return {}
+    m = df.groupby("rank")[col].min()
+    return dict(zip(m.index.to_numpy().astype(np.int64).tolist(), m.to_numpy().astype(np.int64).tolist()))
+
+
+def all_ranks_dead(heartbeats: pd.DataFrame, world_size: int) -> bool:
+    """Every rank ``0..world_size-1`` has a heartbeat and its latest says its process is
+    gone (O(ranks) over the latest-heartbeat frame)."""
+    if heartbeats.empty or world_size <= 0 or "alive" not in heartbeats.columns:
+        return False
+    hb = heartbeats[heartbeats["rank"].between(0, world_size - 1)]
+    latest = hb.sort_values("ts_ns").drop_duplicates("rank", keep="last")
+    return len(latest) == world_size and not latest["alive"].astype(int).any()
 
 
 def latest_attempt(store: Any, job: str) -> int:
@@ -359,6 +391,11 @@ def load_job_frames(
     ls = _df(store, LAST_SEEN, p, ["rank", "last_seen_ns"])
     frames.last_seen = {int(a): int(b) for a, b in ls.itertuples(index=False)}
     _caught_up(frames.heartbeats, steps)  # minIf over no dead rows yields 0
+    c, hb = frames.collectives, frames.heartbeats
+    world = int(hb["rank"].max()) + 1 if not hb.empty else 0
+    if not c.empty and "state" in c.columns and all_ranks_dead(hb, world):
+        late = c[(c["state"] == "failed") & (c["step"] >= max(last_step - 2, 0))]
+        frames.failed_ops = rank_min(late, "completed_ns")
     return frames
 
 
@@ -415,6 +452,9 @@ def load_reduced_frames(
     hl = store.query_rows(HOSTS_LAST_NEWEST if fast else HOSTS_LAST, p) if hosts else []
     frames.host_last_ns = {str(x["host"]): int(x["last_ns"]) for x in hl}
     _caught_up(frames.heartbeats, steps)
+    if all_ranks_dead(frames.heartbeats, world_size):  # the job is gone: who went first?
+        fo = _df(store, FAILED_OPS, {**p, "from_step": recent}, ["rank", "failed_ns"])
+        frames.failed_ops = {int(a): int(b) for a, b in fo.itertuples(index=False)}
     if last_step >= 0:
         jc = cache.get(job, att, max(int(num_microbatches), 1))
         rollups.refresh(store, jc, job, from_step, last_step, first_step, gaps_only=hang_only, fast=fast)
