@@ -157,7 +157,8 @@ class Server:
 
 class PassSampler:
     """Pass durations: from ``/metrics`` (``fleetscope_diagnosis_pass_seconds`` count/sum
-    per pass: ``tick`` = full passes, ``tick_due`` = hang-only passes) sampled every
+    per pass: ``job`` = one job's full pass, ``hang_job`` = one job's hang-only pass; from
+    servers without them, ``tick`` and ``tick_due``, the loop's rounds) sampled every
     second, else from the server log's "... pass of job J took X s" lines."""
 
     def __init__(self, server: Server) -> None:
@@ -183,8 +184,13 @@ class PassSampler:
             if m and ('service="fleetscope-diagnosis"' in m.group(2) or 'service="diagnosis-worker"' in m.group(2)):
                 name = re.search(r'pass="([^"]+)"', m.group(2)).group(1)
                 got.setdefault(name, [0.0, 0.0])[0 if m.group(1) == "count" else 1] = float(m.group(3))
+        # one job's pass (``job`` full, ``hang_job`` hang-only) where the server counts them;
+        # its ``tick``/``tick_due`` rounds also count rounds that found nothing to do
+        per_job = {"job", "hang_job"} & set(got)
         for name, (n, total) in got.items():
-            kind = "hang" if name == "tick_due" else "full"
+            if per_job and name not in per_job:
+                continue
+            kind = "hang" if name in ("tick_due", "hang_job") else "full"
             pn, pt = self.prev.get(name, (0.0, 0.0))
             if n > pn:
                 self.samples[kind] += [(total - pt) / (n - pn)] * int(n - pn)
@@ -344,6 +350,61 @@ def clean(args, world: int, work: Path, jobs: int = 1) -> dict[str, Any]:
                 "passes": srv.passes.stats(), "rss_gib": srv.rss_peak / GIB, "findings": findings}
     finally:
         srv.stop()
+
+
+def with_hang_passes(r: dict[str, Any], work: Path, job: str, repeats: int = 5) -> dict[str, Any]:
+    """A clean run never makes a hang-only pass due (the loop runs one only when a stall
+    threshold is about to be crossed), so ``/metrics`` has none: time ``repeats`` of them
+    on the run's own store once its server has stopped (:func:`hang_passes_on_store`, in
+    a process of its own: chDB opens one store directory per process)."""
+    hang = r["passes"]["hang"]
+    if hang[2] > 0:
+        return r
+    p = subprocess.run([PY, __file__, "--_hang-passes", str(work / "store"), "--_job", job,
+                        "--_repeats", str(repeats)], capture_output=True, text=True, timeout=900)
+    try:
+        v = json.loads(p.stdout.strip().splitlines()[-1])["seconds"]
+    except (ValueError, IndexError, KeyError):
+        print(f"  hang passes on the stored run failed: {p.stderr[-2000:]}", flush=True)
+        return r
+    r["passes"]["hang"] = (float(np.median(v)), float(max(v)), len(v), "run's store, after the run")
+    return r
+
+
+def hang_passes_on_store(store_dir: str, job: str, repeats: int) -> dict[str, Any]:
+    """The loop's hang-only pass (load with ``hang_only``, then ``diagnose_hang``) on a
+    stored job, after one full pass that warms the step cache as the live loop's full
+    passes do; seconds of each of ``repeats`` hang-only passes."""
+    from fleetscope.server.diagnosis import loader, rollups
+    from fleetscope.server.diagnosis.engine import JobInfo, diagnose, diagnose_hang
+    from fleetscope.server.diagnosis.loop import config_from_settings
+    from fleetscope.server.settings import Settings
+    from fleetscope.server.store import Store
+
+    from fleetscope.topology import Topology
+
+    store = Store.open(f"chdb://{store_dir}", ttl_days=0)
+    row = store.query_rows("SELECT argMax(dp, ts_ns) AS dp, argMax(tp, ts_ns) AS tp, argMax(pp, ts_ns) AS pp, "
+                           "argMax(num_microbatches, ts_ns) AS mb, min(ts_ns) AS t0, "
+                           "argMax(order, ts_ns) AS ord FROM jobs WHERE job = {job:String}", {"job": job})[0]
+    topo = Topology(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), order=str(row["ord"]))
+    info = JobInfo(job=job, topology=topo, num_microbatches=int(row["mb"]), start_ns=int(row["t0"]))
+    last = store.query_rows("SELECT max(end_ns) AS t FROM steps WHERE job = {job:String}", {"job": job})[0]
+    now = int(last["t"]) + int(2e9)  # as the loop saw it just after the last step
+    config = config_from_settings(Settings())
+    cache = rollups.StepCache()
+    frames = loader.load_reduced_frames(store, job, now, cache, topo.world_size, info.num_microbatches,
+                                        window_steps=config.stragglers.window_steps)
+    diagnose(info, frames, now, config)
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        frames = loader.load_reduced_frames(store, job, now, cache, topo.world_size, info.num_microbatches,
+                                            window_steps=config.stragglers.window_steps, hardware=False,
+                                            hang_only=True)
+        diagnose_hang(info, frames, now, config)
+        out.append(time.perf_counter() - t)
+    return {"seconds": out}
 
 
 def faulted(args, world: int, work: Path, kinds: list[str]) -> dict[str, Any]:
@@ -596,6 +657,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-only", action="store_true",
                     help="only the simulator's own cost per step at --sizes (no server)")
     ap.add_argument("--_pure", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--_hang-passes", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--_job", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--_repeats", type=int, default=5, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     full = {"sizes": "1024,4096,12288", "steps": 30, "concurrent": 4096, "k_sweep": "1,2,4,8",
             "pure_sizes": "8,64,512,1024,2048,4096,12288"}
@@ -603,6 +667,9 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in (quick if args.quick else full).items():  # flags given explicitly win
         if getattr(args, k) is None:
             setattr(args, k, v)
+    if args._hang_passes:
+        print(json.dumps(hang_passes_on_store(args._hang_passes, args._job, args._repeats)), flush=True)
+        return 0
     if args._pure:
         print(json.dumps(pure_one(args._pure, args.steps + 2)), flush=True)
         return 0
@@ -627,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         r: dict[str, Any] = {}
         if "clean" in scen:
             print(f"[{w}] clean run ...", flush=True)
-            r["clean"] = clean(args, w, work / f"clean-{w}")
+            r["clean"] = with_hang_passes(clean(args, w, work / f"clean-{w}"), work / f"clean-{w}", f"clean{w}-0")
         for kind in ("hang", "straggler", "host_down"):
             if kind in scen:
                 print(f"[{w}] {kind} run ...", flush=True)
@@ -638,7 +705,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrent:
         w = args.concurrent
         print(f"[2 x {w}] concurrent clean runs ...", flush=True)
-        conc = {"clean": clean(args, w, work / f"conc-clean-{w}", jobs=2)}
+        conc = {"clean": with_hang_passes(clean(args, w, work / f"conc-clean-{w}", jobs=2),
+                                          work / f"conc-clean-{w}", f"clean{w}-0")}
         print(f"[2 x {w}] concurrent hang + straggler ...", flush=True)
         conc["faulted"] = faulted(args, w, work / f"conc-fault-{w}", ["hang", "straggler"])
         print_size(w, {"clean": conc["clean"], "hang": conc["faulted"], "straggler": conc["faulted"]},

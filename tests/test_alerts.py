@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -208,3 +209,33 @@ def test_final_pass_of_a_finished_job_is_never_seen_open(db, tmp_path, monkeypat
         assert s.scalars(select(AlertOutbox)).all() == []
     assert seen and all(state in ([], ["resolved"]) for state in seen), seen
     diag._pool.shutdown(wait=False)
+
+
+def test_pass_series_count_the_passes_of_one_job_not_the_empty_rounds(db, monkeypatch):
+    """``/metrics``'s ``pass="job"``/``"hang_job"`` time one job's pass; a round whose job
+    was locked by the other thread's pass counts in ``tick_due`` only (it took no time and
+    diagnosed nothing: the fleet bench read such rounds as 0.00 s hang passes)."""
+    from types import SimpleNamespace
+
+    from fleetscope.server.alerts.outbox import OutboxSink
+    from fleetscope.server.db.models import Job
+    from fleetscope.server.diagnosis import loop as loop_mod
+    from fleetscope.server.settings import Settings
+
+    app = SimpleNamespace(state=SimpleNamespace(settings=Settings(), db=db, store=None, alert_dispatcher=None))
+    diag = loop_mod.DiagnosisLoop(app, OutboxSink())
+    try:
+        monkeypatch.setattr(diag, "_claim", lambda job: True)
+        monkeypatch.setattr(diag, "run_job", lambda row: time.sleep(0.05) or 0)
+        monkeypatch.setattr(diag, "run_hang_job", lambda row: time.sleep(0.02) or 0)
+        row = Job(id="j", attempt=0, status="running", dp=2, tp=2, pp=2, updated_ns=NOW)
+        diag._run_jobs([row])
+        diag._run_jobs([row], full=False)
+        n, total, latest = diag.pass_seconds["job"]
+        assert n == 1 and 0.05 <= total < 1.0
+        assert diag.pass_seconds["hang_job"][0] == 1 and diag.pass_seconds["hang_job"][1] >= 0.02
+        with diag._locks.setdefault("j", threading.Lock()):  # the full pass holds the job
+            assert diag._run_jobs([row], full=False) == 0
+        assert diag.pass_seconds["hang_job"][0] == 1  # the locked round is not a pass
+    finally:
+        diag._pool.shutdown(wait=False)

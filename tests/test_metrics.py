@@ -108,6 +108,9 @@ def test_metrics_are_valid_prometheus_text_behind_the_token(tmp_path):
         wait_for(lambda: (value(samples(scrape(url)), "fleetscope_diagnosis_pass_seconds_count",
                                 service="diagnosis-worker", **{"pass": "tick"}) or 0) > 0, 60,
                  "a counted diagnosis pass in /metrics")
+        wait_for(lambda: (value(samples(scrape(url)), "fleetscope_diagnosis_pass_seconds_count",
+                                service="diagnosis-worker", **{"pass": "job"}) or 0) > 0, 60,
+                 "a counted pass of one job in /metrics")
         assert value(sm, "fleetscope_alert_outbox_rows", status="pending") is not None
         # nothing is labelled by rank or host
         assert not any({"rank", "host"} & set(lab) for series in sm.values() for lab, _ in series)
