@@ -98,6 +98,9 @@ class KeyConflict(Exception):
 
 
 MAX_JOBS_SEEN: Final = 10_000
+BUSY_MAX_S: Final = 120.0
+"""A request in hand for longer than this no longer proves its sender alive (a write
+stuck that long is the server's own failure, reported as such)."""
 """Jobs whose latest arrival the writer remembers (the least recent are forgotten)."""
 
 SEP: Final = "\x1f"
@@ -205,12 +208,11 @@ class IngestWriter:
         self.retry_after_s = retry_after_s
         self.clock_offsets: dict[str, dict[str, int]] = {}
         """host -> {"offset_ns", "updated_ns"}: the last clock offset each host sent."""
-        self.host_seen_ns: dict[str, int] = {}
-        """host -> server time of the latest batch received from it (its agent is alive
-        and shipping, however far behind its records are)."""
-        self.job_seen_ns: dict[str, int] = {}
-        """job -> server time of the latest batch holding its rows (the job still reports,
-        however far behind its records' own times are; at most ``MAX_JOBS_SEEN`` jobs)."""
+        self._host_seen: dict[str, int] = {}
+        self._job_seen: dict[str, int] = {}
+        self._busy: dict[int, tuple[str, frozenset[str], int]] = {}
+        """Requests being handled: token -> (host, jobs, start time); see :meth:`busy`."""
+        self._busy_next = 0
         self.stats: dict[str, float] = {
             "batches": 0, "rows": 0, "inserts": 0, "duplicates": 0, "rejected_429": 0,
             "groups": 0, "write_s": 0.0, "lookup_s": 0.0, "insert_s": 0.0,
@@ -249,24 +251,83 @@ class IngestWriter:
         self._executor.shutdown(wait=True)
         self._insert_pool.shutdown(wait=True)
 
+    @property
+    def host_seen_ns(self) -> dict[str, int]:
+        """host -> server time of the latest batch received from it (its agent is alive
+        and shipping, however far behind its records are); now for a host whose request
+        this server is still reading, decoding or writing (a copy)."""
+        out = dict(self._host_seen)
+        for host, _, t in self._live_busy():
+            if host:
+                out[host] = t
+        return out
+
+    @property
+    def job_seen_ns(self) -> dict[str, int]:
+        """job -> server time of the latest batch holding its rows (the job still reports,
+        however far behind its records' own times are; at most ``MAX_JOBS_SEEN`` jobs);
+        now for a job in a request this server is still working on (a copy)."""
+        out = dict(self._job_seen)
+        for _, jobs, t in self._live_busy():
+            for job in jobs:
+                out[job] = t
+        return out
+
+    def _live_busy(self) -> list[tuple[str, frozenset[str], int]]:
+        """(host, jobs, now) of each request in hand that began less than ``BUSY_MAX_S``
+        ago: while the server works on a request, its sender is not silent - on a
+        starved host one write can take longer than the silence thresholds, and the agent
+        sends its next batch only once this one is answered."""
+        now = time.time_ns()
+        return [(h, j, now) for h, j, t0 in list(self._busy.values()) if now - t0 < BUSY_MAX_S * 1e9]
+
+    def busy_begin(self, host: str) -> int:
+        """A request from ``host`` is being handled (until :meth:`busy_end`)."""
+        self._busy_next += 1
+        self._busy[self._busy_next] = (host, frozenset(), time.time_ns())
+        return self._busy_next
+
+    def busy_jobs(self, token: int, jobs: set[str]) -> None:
+        """The jobs whose rows the request ``token`` holds (known once decoded)."""
+        cur = self._busy.get(token)
+        if cur is not None and jobs:
+            self._busy[token] = (cur[0], frozenset(jobs), cur[2])
+
+    def busy_end(self, token: int) -> None:
+        """The request ``token`` is answered: its host and jobs were heard from until now."""
+        cur = self._busy.pop(token, None)
+        if cur is None:
+            return
+        host, jobs, t0 = cur
+        now = time.time_ns()
+        if host and t0 <= self._host_seen.get(host, 0):
+            self._host_seen[host] = now  # heard from at arrival: a refused one stays refused
+        for job in jobs:
+            self._mark_job(job, now)
+
     def note_agent(self, host: str, now_ns: int) -> None:
         """``host``'s agent tried to deliver a batch that was refused for load (429): it is
         alive, only the server is behind, so the host counts as heard from."""
         if host:
-            self.host_seen_ns[host] = now_ns
+            self._host_seen[host] = now_ns
 
-    def note_arrival(self, host: str, tables: dict[str, pa.Table], now_ns: int) -> None:
-        """A batch with rows arrived from ``host``: when it (and each job in it) last did."""
+    def note_arrival(self, host: str, tables: dict[str, pa.Table], now_ns: int) -> set[str]:
+        """A batch with rows arrived from ``host``: when it (and each job in it) last did.
+        Returns the jobs it holds rows of."""
         if host:
-            self.host_seen_ns[host] = now_ns
+            self._host_seen[host] = now_ns
         jobs: set[str] = set()
         for t in tables.values():
             if t.num_rows and "job" in t.column_names:
                 jobs.update(str(j) for j in pc.unique(t.column("job")).to_pylist() if j is not None)
-        seen = self.job_seen_ns
         for job in jobs:
-            seen.pop(job, None)  # the most recent last: the oldest go first when full
-            seen[job] = now_ns
+            self._mark_job(job, now_ns)
+        return jobs
+
+    def _mark_job(self, job: str, now_ns: int) -> None:
+        seen = self._job_seen
+        seen.pop(job, None)  # the most recent last: the oldest go first when full
+        seen[job] = now_ns
         while len(seen) > MAX_JOBS_SEEN:
             seen.pop(next(iter(seen)))
 

@@ -98,3 +98,42 @@ def test_one_silent_agent_among_fresh_ones_is_lost() -> None:
 
     lost = detect_heartbeat_loss("j", _heartbeats([1.0, 0.5, 16.5, 2.0]), NOW, stale_s=15.0)
     assert [f.hosts for f in lost] == [("node-00002",)]
+
+
+def test_a_host_whose_request_is_in_hand_is_not_silent() -> None:
+    """On a starved server one write can outlast the silence thresholds, and a coalescing
+    agent sends its next batch only once this one is answered: while the server still works
+    on a host's request, that host and the request's jobs count as heard from now; once it
+    is answered, as of then. A request in hand for over ``BUSY_MAX_S`` proves nothing."""
+    import time
+
+    import pyarrow as pa
+    from fleetscope.collector import IngestWriter
+    from fleetscope.collector import writer as writer_mod
+
+    w = IngestWriter(None, None)
+    try:
+        t0 = time.time_ns()
+        w.note_arrival("h1", {"steps": pa.table({"job": ["j1", "j1"]})}, t0 - 60 * S)
+        assert w.host_seen_ns["h1"] == t0 - 60 * S and w.job_seen_ns["j1"] == t0 - 60 * S
+        tok = w.busy_begin("h1")
+        assert w.host_seen_ns["h1"] >= t0 and w.job_seen_ns["j1"] == t0 - 60 * S  # jobs: once decoded
+        w.busy_jobs(tok, w.note_arrival("h1", {"steps": pa.table({"job": ["j1"]})}, time.time_ns()))
+        assert w.host_seen_ns["h1"] >= t0 and w.job_seen_ns["j1"] >= t0
+        w.busy_end(tok)
+        assert w.host_seen_ns["h1"] >= t0 and w.job_seen_ns["j1"] >= t0 and not w._busy
+        # a request that carried nothing (or was refused) does not refresh the host at its end
+        tok = w.busy_begin("h2")
+        assert "h2" in w.host_seen_ns
+        w.busy_end(tok)
+        assert "h2" not in w.host_seen_ns
+        # a request stuck for longer than BUSY_MAX_S is the server's failure, not proof of life
+        tok = w.busy_begin("h3")
+        w._busy[tok] = ("h3", frozenset({"j3"}), t0 - int((writer_mod.BUSY_MAX_S + 1) * S))
+        assert "h3" not in w.host_seen_ns and "j3" not in w.job_seen_ns
+        # the views are copies: a caller cannot change what the server heard
+        w.host_seen_ns["h9"] = 1
+        assert "h9" not in w.host_seen_ns
+    finally:
+        w._executor.shutdown(wait=False)
+        w._insert_pool.shutdown(wait=False)

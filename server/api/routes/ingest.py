@@ -173,6 +173,15 @@ async def ingest(request: Request, collector: CollectorDep, settings: SettingsDe
 
 
 async def _ingest_body(request, collector, settings, key, host, offset, offset_text, ct, reserved) -> JSONResponse:
+    token = collector.busy_begin(host)  # its agent is not silent while this one is in hand
+    try:
+        return await _handle_body(request, collector, settings, key, host, offset, offset_text, ct, reserved, token)
+    finally:
+        collector.busy_end(token)
+
+
+async def _handle_body(request, collector, settings, key, host, offset, offset_text, ct, reserved,
+                       token: int) -> JSONResponse:
     try:
         body = await _read_body(request, settings.max_request_bytes, collector, settings.max_inflight_bytes, reserved)
     except _TooLarge:
@@ -204,7 +213,7 @@ async def _ingest_body(request, collector, settings, key, host, offset, offset_t
                       f"for host {hosts[0]!r}" + (f" (and {len(hosts) - 1} other host(s))" if len(hosts) > 1 else ""))
     num_rows = sum(t.num_rows for t in tables.values())
     if num_rows:  # an empty request proves nothing about the host's agent or its jobs
-        collector.note_arrival(host, tables, time.time_ns())
+        collector.busy_jobs(token, collector.note_arrival(host, tables, time.time_ns()))
     if host and offset_text is not None and num_rows:
         collector.clock_offsets[host] = {"offset_ns": offset, "updated_ns": time.time_ns()}
     try:
