@@ -252,11 +252,11 @@ async def _startup(app: FastAPI, settings: Settings) -> None:
     from fleetscope.collector.writer import IngestWriter
     from fleetscope.server.db import open_db
     from fleetscope.server.services import service_factories
-    from fleetscope.server.store import Store
+    from fleetscope.server.store import Store, diagnosis_query_settings
 
     store = await asyncio.to_thread(Store.open, settings.store_url, settings.ttl_days)
     app.state.store = store
-    app.state.diagnosis_store = store.sibling()
+    app.state.diagnosis_store = store.sibling(diagnosis_query_settings(settings.diagnosis_query_nice))
     app.state.db = await asyncio.to_thread(open_db, settings.db_url)
     collector = IngestWriter(
         store,

@@ -249,6 +249,13 @@ class DiagnosisLoop(PeriodicAlertingService):
         finally:
             lock.release()
 
+    @property
+    def _store(self) -> Any:
+        """The passes' store: the server's diagnosis handle (its own client, queries at
+        ``diagnosis_query_nice``) where there is one, else the app's store (a worker's)."""
+        st = self.app.state
+        return getattr(st, "diagnosis_store", None) or st.store
+
     def _count_job_pass(self, name: str, took_s: float) -> None:
         """One job's pass in ``pass_seconds`` (``/metrics``: ``pass="job"`` a full pass of
         one job, ``pass="hang_job"`` a hang-only one). The ``tick`` and ``tick_due`` series
@@ -271,7 +278,7 @@ class DiagnosisLoop(PeriodicAlertingService):
         self._due_ns.pop(row.id, None)
         final: list = []
         try:
-            result = diagnose_job(self.app.state.store, job_info(row), now, self.config, cache=self.cache)
+            result = diagnose_job(self._store, job_info(row), now, self.config, cache=self.cache)
             self.latest[row.id] = result
             final = [f for f in result.findings if f.kind not in POST_MORTEM_SKIP]
         except Exception:
@@ -292,7 +299,7 @@ class DiagnosisLoop(PeriodicAlertingService):
         now_ns = time.time_ns()
         info = job_info(row)
         prev = self.latest.get(info.job)
-        result = diagnose_job(self.app.state.store, info, now_ns, self.config, self._host_seen(),
+        result = diagnose_job(self._store, info, now_ns, self.config, self._host_seen(),
                               self.cache, prev.hang if prev is not None else None, self._job_seen(info.job))
         self.latest[info.job] = result
         self._set_lost(row, result.findings)
@@ -322,7 +329,7 @@ class DiagnosisLoop(PeriodicAlertingService):
         the straggler/what-if/MFU work (most of a full pass), and a hang incident at once."""
         now_ns = time.time_ns()
         info = job_info(row)
-        frames = load_reduced_frames(self.app.state.store, info.job, now_ns, self.cache, info.topology.world_size,
+        frames = load_reduced_frames(self._store, info.job, now_ns, self.cache, info.topology.world_size,
                                      info.num_microbatches, window_steps=self.config.stragglers.window_steps,
                                      hardware=False, hang_only=True)
         frames.host_seen_ns = self._host_seen()

@@ -172,7 +172,7 @@ def worker_id() -> str:
 def build_state(settings: Any, server_url: str | None) -> SimpleNamespace:
     """The ``app.state`` a :class:`.loop.DiagnosisLoop` needs, for a worker process."""
     from fleetscope.server.db import open_db
-    from fleetscope.server.store import Store
+    from fleetscope.server.store import Store, diagnosis_query_settings
     from fleetscope.server.store.url import parse_store_url
 
     token = settings.token.get_secret_value() if settings.token is not None else None
@@ -183,6 +183,7 @@ def build_state(settings: Any, server_url: str | None) -> SimpleNamespace:
         store: Any = remote
     else:
         store = Store.open(settings.store_url, settings.ttl_days, migrate_schema=False)
+        store.query_settings = diagnosis_query_settings(settings.diagnosis_query_nice)
     return SimpleNamespace(settings=settings, db=open_db(settings.db_url), store=store,
                            collector=_RemoteCollector(remote), alert_dispatcher=_RemoteWaker(remote),
                            remote=remote)

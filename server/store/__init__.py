@@ -4,7 +4,7 @@
 from :mod:`fleetscope.schema`; ``queries`` holds the parameterised SQL.
 """
 
-from .client import Store, StoreError
+from .client import Store, StoreError, diagnosis_query_settings
 from .url import StoreURL, StoreURLError, parse_store_url
 
-__all__ = ["Store", "StoreError", "StoreURL", "StoreURLError", "parse_store_url"]
+__all__ = ["Store", "StoreError", "diagnosis_query_settings", "StoreURL", "StoreURLError", "parse_store_url"]

@@ -24,6 +24,14 @@ from .url import StoreURL, StoreURLError, parse_store_url
 log = logging.getLogger(__name__)
 
 
+def diagnosis_query_settings(nice: int) -> dict[str, Any]:
+    """The settings of the diagnosis passes' queries: ``os_thread_priority`` (the Linux
+    nice value of the ClickHouse threads that run them; chDB and a ClickHouse server
+    alike) so that, when CPU is short, ingest's inserts and the API's reads go first and a
+    pass waits; with idle CPU a pass runs as fast as before. ``nice`` 0: no setting."""
+    return {"os_thread_priority": int(nice)} if nice > 0 else {}
+
+
 class StoreError(RuntimeError):
     """The store cannot be opened or used; the message says which store and why."""
 
@@ -36,9 +44,12 @@ class Store:
         client: clickhouse-connect client used for queries.
     """
 
-    def __init__(self, url: StoreURL, client: Any) -> None:
+    def __init__(self, url: StoreURL, client: Any, query_settings: Mapping[str, Any] | None = None) -> None:
         self.url = url
         self.client = client
+        self.query_settings: dict[str, Any] = dict(query_settings or {})
+        """ClickHouse settings sent with every query of this handle (e.g. the diagnosis
+        passes' ``os_thread_priority``: :func:`diagnosis_query_settings`)."""
         self._extra: list[Any] = []
         self._lock = threading.Lock()
 
@@ -68,10 +79,11 @@ class Store:
             self._extra.append(client)
         return client
 
-    def sibling(self) -> Store:
+    def sibling(self, query_settings: Mapping[str, Any] | None = None) -> Store:
         """A :class:`Store` on its own client (closed with this one): its calls never wait
-        behind this store's (the chdb handle serialises the calls made on it)."""
-        return Store(self.url, self.new_client())
+        behind this store's (the chdb handle serialises the calls made on it), each query
+        with ``query_settings``."""
+        return Store(self.url, self.new_client(), query_settings)
 
     def close(self) -> None:
         with self._lock:
@@ -85,17 +97,17 @@ class Store:
     # ---- queries (always parameterised: {name:Type} placeholders) ----------------
     def query_df(self, sql: str, params: Mapping[str, Any] | None = None):
         """Run a SELECT and return a pandas DataFrame."""
-        return self.client.query_df(sql, parameters=dict(params or {}))
+        return self.client.query_df(sql, parameters=dict(params or {}), settings=self.query_settings or None)
 
     def query_rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """Run a SELECT and return its rows as dicts (column name -> value)."""
-        result = self.client.query(sql, parameters=dict(params or {}))
+        result = self.client.query(sql, parameters=dict(params or {}), settings=self.query_settings or None)
         names = result.column_names
         return [dict(zip(names, row)) for row in result.result_rows]
 
     def query_arrow(self, sql: str, params: Mapping[str, Any] | None = None) -> pa.Table:
         """Run a SELECT and return an Arrow table."""
-        return self.client.query_arrow(sql, parameters=dict(params or {}))
+        return self.client.query_arrow(sql, parameters=dict(params or {}), settings=self.query_settings or None)
 
     def command(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.client.command(sql, parameters=dict(params or {}))
