@@ -1,5 +1,5 @@
-"""Inserts while a diagnosis pass runs: the passes' queries niced (``os_thread_priority``,
-``FLEETSCOPE_DIAGNOSIS_QUERY_NICE``) against not, side by side in one run.
+"""Inserts while a diagnosis pass runs: the passes' queries niced (the query threads' nice
+value, ``FLEETSCOPE_DIAGNOSIS_QUERY_NICE``) against not, side by side in one run.
 
 One process, one embedded store, as in the server: the simulator's job (``bench/full_pass.py``'s
 builder) is stored for ``--steps`` steps; then a thread runs full diagnosis passes back to
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=24, help="steps stored before timing (default 24)")
     ap.add_argument("--pairs", type=int, default=6, help="niced / not-niced block pairs (default 6)")
     ap.add_argument("--block", type=int, default=12, help="timed inserts per block (default 12)")
-    ap.add_argument("--nice", type=int, default=10, help="os_thread_priority of the niced half (default 10)")
+    ap.add_argument("--nice", type=int, default=10, help="nice value of the niced half's queries (default 10)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if min(args.steps, args.pairs, args.block) < 1 or not 1 <= args.nice <= 19:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     def passes_loop() -> None:
         while not stop.is_set():
             m = mode[0]
-            diag.query_settings = diagnosis_query_settings(args.nice if m == "niced" else 0)
+            diag.query_settings = diagnosis_query_settings(args.nice if m == "niced" else 0, store)
             with started:
                 current[0] = m
                 started.notify_all()

@@ -256,7 +256,7 @@ async def _startup(app: FastAPI, settings: Settings) -> None:
 
     store = await asyncio.to_thread(Store.open, settings.store_url, settings.ttl_days)
     app.state.store = store
-    app.state.diagnosis_store = store.sibling(diagnosis_query_settings(settings.diagnosis_query_nice))
+    app.state.diagnosis_store = store.sibling(diagnosis_query_settings(settings.diagnosis_query_nice, store))
     app.state.db = await asyncio.to_thread(open_db, settings.db_url)
     collector = IngestWriter(
         store,

@@ -105,9 +105,10 @@ class Settings(BaseSettings):
     the server, the default), ``thread`` (inside the server process) or ``off`` (only
     workers started elsewhere with ``fleetscope worker``)."""
     diagnosis_query_nice: int = Field(10, ge=0, le=19)
-    """Nice value (ClickHouse ``os_thread_priority``) of the threads that run the diagnosis
-    passes' store queries: when CPU is short, ingest's inserts and the API's reads go first
-    and a pass waits; 0 runs them at the same priority as everything else."""
+    """Nice value of the threads that run the diagnosis passes' store queries (ClickHouse's
+    ``os_threads_nice_value_query``; older servers: ``os_thread_priority``): when CPU is
+    short, ingest's inserts and the API's reads go first and a pass waits; 0 runs them at
+    the same priority as everything else."""
     diagnosis_concurrency: int = Field(2, ge=1, le=64)
     """Jobs one worker diagnoses at once (round-robin over the active jobs)."""
     diagnosis_cache_jobs: int = Field(16, ge=1, le=10_000)

@@ -574,3 +574,26 @@ def test_rollup_comm_over_three_batches_is_exact_and_a_late_block_an_upper_bound
     # a late op inside the first batch's edge: the union stays 39, the sum is 56
     got = rollup_comm(store, "three")[1]
     assert 39 <= got <= 56 and got == 41
+
+
+def test_diagnosis_queries_carry_the_nice_setting_the_store_knows(env):
+    """The passes' queries are niced by the setting name the store's ClickHouse knows (an
+    unknown name would fail every query); nice 0 sends none; the handle applies them."""
+    from fleetscope.server.store import diagnosis_query_settings
+    from fleetscope.server.store.client import NICE_SETTINGS
+
+    store, _ = env
+    diag = None
+    try:
+        got = diagnosis_query_settings(10, store)
+        assert list(got.values()) == [10] and next(iter(got)) in NICE_SETTINGS, got
+        assert diagnosis_query_settings(0, store) == {}
+        diag = store.sibling(got)
+        name = next(iter(got))
+        assert diag.query_rows("SELECT getSetting({n:String}) AS v", {"n": name})[0]["v"] == 10
+        assert store.query_rows("SELECT getSetting({n:String}) AS v", {"n": name})[0]["v"] == 0
+        assert len(diag.query_df("SELECT number FROM numbers(3)")) == 3
+        assert diag.query_arrow("SELECT number FROM numbers(3)").num_rows == 3
+    finally:
+        if diag is not None:
+            diag.client.close()

@@ -183,7 +183,7 @@ def build_state(settings: Any, server_url: str | None) -> SimpleNamespace:
         store: Any = remote
     else:
         store = Store.open(settings.store_url, settings.ttl_days, migrate_schema=False)
-        store.query_settings = diagnosis_query_settings(settings.diagnosis_query_nice)
+        store.query_settings = diagnosis_query_settings(settings.diagnosis_query_nice, store)
     return SimpleNamespace(settings=settings, db=open_db(settings.db_url), store=store,
                            collector=_RemoteCollector(remote), alert_dispatcher=_RemoteWaker(remote),
                            remote=remote)

@@ -24,12 +24,32 @@ from .url import StoreURL, StoreURLError, parse_store_url
 log = logging.getLogger(__name__)
 
 
-def diagnosis_query_settings(nice: int) -> dict[str, Any]:
-    """The settings of the diagnosis passes' queries: ``os_thread_priority`` (the Linux
-    nice value of the ClickHouse threads that run them; chDB and a ClickHouse server
-    alike) so that, when CPU is short, ingest's inserts and the API's reads go first and a
-    pass waits; with idle CPU a pass runs as fast as before. ``nice`` 0: no setting."""
-    return {"os_thread_priority": int(nice)} if nice > 0 else {}
+NICE_SETTINGS = ("os_threads_nice_value_query", "os_thread_priority")
+"""The query-threads nice setting, newest name first (``os_thread_priority`` is the older
+name, an alias of the newer one where both exist, e.g. chDB's ClickHouse 26.9)."""
+
+
+def diagnosis_query_settings(nice: int, store: Store | None = None) -> dict[str, Any]:
+    """The settings of the diagnosis passes' queries: the Linux nice value of the
+    ClickHouse threads that run them (chDB and a ClickHouse server alike), so that, when
+    CPU is short, ingest's inserts and the API's reads go first and a pass waits; with idle
+    CPU a pass runs as fast as before. ``nice`` 0: no setting. With ``store``, the name is
+    the one its server knows (none if it knows neither: an unknown setting would fail
+    every query)."""
+    if nice <= 0:
+        return {}
+    name = NICE_SETTINGS[1]
+    if store is not None:
+        try:
+            known = {r["name"] for r in store.query_rows(
+                "SELECT name FROM system.settings WHERE has({names:Array(String)}, name)", {"names": list(NICE_SETTINGS)})}
+        except Exception:  # no system.settings to read: leave the queries as they are
+            log.warning("cannot read system.settings; diagnosis queries run without a nice value", exc_info=True)
+            return {}
+        name = next((n for n in NICE_SETTINGS if n in known), "")
+        if not name:
+            return {}
+    return {name: int(nice)}
 
 
 class StoreError(RuntimeError):
