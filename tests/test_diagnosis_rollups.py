@@ -119,3 +119,34 @@ def rollups_arrivals(red):
     from fleetscope.server.diagnosis.breakdown import reduced_arrivals
 
     return reduced_arrivals(red.groups)
+
+
+def test_failed_ops_are_read_once_every_rank_is_dead(store):
+    """The crash evidence of the hang analysis: once every rank's latest heartbeat says
+    its process is gone, both loaders read each rank's first failed op of the latest
+    steps (``loader.FAILED_OPS`` in ClickHouse, the raw frames in pandas); before, none."""
+
+    job = SynthJob(job="failed-ops")
+    f = job.build()
+    c = f["collectives"]
+    last = int(c["step"].max())
+    victims = [0, 1, 2, 3, 4, 5, 6]
+    for r in victims:  # each victim's last op of the last step failed under it
+        i = c.index[(c["rank"] == r) & (c["step"] == last)][-1]
+        c.loc[i, "state"] = "failed"
+    _write(store, f)
+    now = int(f["steps"]["end_ns"].max()) + 10**9
+
+    def beats(alive: bool) -> None:
+        hb = pd.DataFrame({"ts_ns": [now - 10**9] * 8, "job": [job.job] * 8, "host": ["h0"] * 8,
+                           "rank": list(range(8)), "pid": [100 + r for r in range(8)], "alive": [alive] * 8,
+                           "last_step": [last] * 8})
+        store.insert_arrow("heartbeats", pa.Table.from_pandas(hb, preserve_index=False))
+
+    beats(True)
+    red = load_reduced_frames(store, job.job, now, rollups.StepCache(), job.topo.world_size, job.num_mb)
+    assert red.failed_ops == {} and load_job_frames(store, job.job, now).failed_ops == {}
+    beats(False)
+    red = load_reduced_frames(store, job.job, now + 10**9, rollups.StepCache(), job.topo.world_size, job.num_mb)
+    raw = load_job_frames(store, job.job, now + 10**9)
+    assert sorted(red.failed_ops) == victims and red.failed_ops == raw.failed_ops
