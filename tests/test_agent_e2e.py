@@ -87,6 +87,15 @@ def state(spool_dir: Path) -> dict:
         return {}
 
 
+def size_of(path: Path) -> int | None:
+    """A spool file's size, None once retention deleted it (the agent prunes acknowledged
+    segments while the tests look at the spool)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
 def all_acked(spool_dir: Path, job: str) -> bool:
     st = state(spool_dir)
     if not st or st.get("pending"):
@@ -94,7 +103,10 @@ def all_acked(spool_dir: Path, job: str) -> bool:
     for d in (spool_dir / job).glob("rank-*"):
         for seg in spool.list_segments(d):
             e = st["files"].get(f"{job}/{d.name}/{seg.name}")
-            if e is None or e["offset"] < seg.stat().st_size:
+            size = size_of(seg)
+            if size is None:  # retention deleted it since the listing: acknowledged
+                continue  # (a loss would show in the server's rows, checked after this)
+            if e is None or e["offset"] < size:
                 return False
     return True
 
@@ -107,7 +119,10 @@ def outbox_acked_with(spool_dir: Path, want_metric: str, want_log_kind: str, num
     metrics, kinds, beat_ranks = set(), set(), set()
     for seg in spool.list_segments(outbox):
         e = files.get(f"@outbox/{seg.name}")
-        if e is None or e["offset"] < seg.stat().st_size:
+        size = size_of(seg)
+        if size is None:
+            return False  # pruned since the listing: look again
+        if e is None or e["offset"] < size:
             return False  # written but not yet acknowledged
         for f in spool.read_frames(seg):
             if f.payload is None:
@@ -316,7 +331,7 @@ def test_disk_budget_drop_oldest_with_server_unreachable(tmp_path):
                  "the drop to be counted")
 
         def unprotected_bytes() -> int:
-            segs = {str(p.relative_to(sp)): p.stat().st_size
+            segs = {str(p.relative_to(sp)): size_of(p) or 0
                     for p in sp.glob("budget/rank-*/seg-*.fsp")}
             # never dropped (the policy): each rank's live segment, the pending batches' files
             # (once the writer is gone its last segment is sealed and may go too)
@@ -326,7 +341,7 @@ def test_disk_budget_drop_oldest_with_server_unreachable(tmp_path):
             return sum(n for k, n in segs.items() if k not in protected)
 
         wait_for(lambda: unprotected_bytes() <= budget, 30, "the spool to fit the budget")
-        on_disk = sum(p.stat().st_size for p in sp.glob("budget/rank-*/seg-*.fsp"))
+        on_disk = sum(size_of(p) or 0 for p in sp.glob("budget/rank-*/seg-*.fsp"))
         assert on_disk < 4 * budget  # the spool did not keep growing (the writer wrote ~1.4 MB)
         written = sum(json.loads(p.read_text())["records"]["steps"]["count"]
                       for p in (sp / "budget").glob("expected-rank-*.json"))
