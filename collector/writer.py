@@ -98,10 +98,10 @@ class KeyConflict(Exception):
 
 
 MAX_JOBS_SEEN: Final = 10_000
+"""Jobs whose latest arrival the writer remembers (the least recent are forgotten)."""
 BUSY_MAX_S: Final = 120.0
 """A request in hand for longer than this no longer proves its sender alive (a write
 stuck that long is the server's own failure, reported as such)."""
-"""Jobs whose latest arrival the writer remembers (the least recent are forgotten)."""
 
 SEP: Final = "\x1f"
 """Separator of the parts of a stored batch id (cannot occur in a key or host header)."""
@@ -211,7 +211,7 @@ class IngestWriter:
         self._host_seen: dict[str, int] = {}
         self._job_seen: dict[str, int] = {}
         self._busy: dict[int, tuple[str, frozenset[str], int]] = {}
-        """Requests being handled: token -> (host, jobs, start time); see :meth:`busy`."""
+        """Requests being handled: token -> (host, jobs, start time); see :meth:`busy_begin`."""
         self._busy_next = 0
         self.stats: dict[str, float] = {
             "batches": 0, "rows": 0, "inserts": 0, "duplicates": 0, "rejected_429": 0,

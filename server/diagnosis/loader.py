@@ -299,11 +299,12 @@ _TRUTHY = np.frompyfunc(bool, 1, 1)
 _STR = np.frompyfunc(str, 1, 1)
 
 
-def rank_max(df: pd.DataFrame, col: str) -> dict[int, int]:
-    """Rank -> the largest ``col`` of its rows, as plain ints (one dict from two lists)."""
+def rank_max(df: pd.DataFrame, col: str, how: str = "max") -> dict[int, int]:
+    """Rank -> the largest (``how="min"``: smallest) ``col`` of its rows, as plain ints
+    (one dict from two lists)."""
     if df.empty:
         return {}
-    m = df.groupby("rank")[col].max()
+    m = df.groupby("rank")[col].agg(how)
     return dict(zip(m.index.to_numpy().astype(np.int64).tolist(), m.to_numpy().astype(np.int64).tolist()))
 
 
@@ -320,14 +321,6 @@ def named_queries() -> dict[str, str]:
             "hw_metrics_in": HW_METRICS_IN, "inflight_newest": INFLIGHT_NEWEST,
             "recent_work": RECENT_WORK, "progress_newest": PROGRESS_NEWEST, "failed_ops": FAILED_OPS}
     return {**mine, **{f"rollup_{k}": v for k, v in rollups.QUERIES.items()}}
-
-
-def rank_min(df: pd.DataFrame, col: str) -> dict[int, int]:
-    """Rank -> the smallest ``col`` of its rows, as plain ints."""
-    if df.empty:
-        return {}
-    m = df.groupby("rank")[col].min()
-    return dict(zip(m.index.to_numpy().astype(np.int64).tolist(), m.to_numpy().astype(np.int64).tolist()))
 
 
 def all_ranks_dead(heartbeats: pd.DataFrame, world_size: int) -> bool:
@@ -395,7 +388,7 @@ def load_job_frames(
     world = int(hb["rank"].max()) + 1 if not hb.empty else 0
     if not c.empty and "state" in c.columns and all_ranks_dead(hb, world):
         late = c[(c["state"] == "failed") & (c["step"] >= max(last_step - 2, 0))]
-        frames.failed_ops = rank_min(late, "completed_ns")
+        frames.failed_ops = rank_max(late, "completed_ns", how="min")
     return frames
 
 
