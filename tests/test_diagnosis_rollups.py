@@ -150,3 +150,46 @@ def test_failed_ops_are_read_once_every_rank_is_dead(store):
     red = load_reduced_frames(store, job.job, now + 10**9, rollups.StepCache(), job.topo.world_size, job.num_mb)
     raw = load_job_frames(store, job.job, now + 10**9)
     assert sorted(red.failed_ops) == victims and red.failed_ops == raw.failed_ops
+
+
+def test_hardware_events_before_the_job_started_are_not_its_findings(store):
+    """A host's GPU that throttled before this job ran on it (the previous job's fault, say)
+    gives this job no ``hardware_error`` finding; a throttle during the job does. Both
+    loaders bound the hardware reads at the job's start (``started_ns``); without it the
+    600 s lookback alone would let back-to-back jobs on one host inherit each other's
+    hardware findings (seen in ``bench/diagnosis.py``: the clean twin of the thermal
+    scenario, run right after it on the same host, got the throttle finding)."""
+    job = SynthJob(job="hw-after-another")
+    f = job.build()
+    for table in ("sections", "collectives", "steps"):  # hosts of its own: other tests' jobs see no throttle
+        f[table]["host"] = "hw-" + f[table]["host"].astype(str)
+    _write(store, f)
+    started = int(f["steps"]["start_ns"].min())
+    now = int(f["steps"]["end_ns"].max()) + 10**9
+    host = str(f["steps"].loc[f["steps"]["rank"] == 5, "host"].iloc[0])
+
+    def throttle(ts: int) -> None:
+        row = {"ts_ns": [ts], "job": [""], "host": [host], "rank": [5], "source": ["nvml"], "device": ["gpu5"],
+               "name": ["gpu.throttle_reasons"], "value": [float(0x40)]}  # HW thermal slowdown
+        store.insert_arrow("metrics", pa.Table.from_pandas(pd.DataFrame(row), preserve_index=False))
+
+    def hw_findings(frames) -> list:
+        return [x for x in diagnose(_info(job), frames, now).findings if x.kind.value == "hardware_error"]
+
+    throttle(started - 60 * 10**9)  # a minute before the job started, on its host
+    loads = {
+        "reduced": lambda s: load_reduced_frames(store, job.job, now, rollups.StepCache(), job.topo.world_size,
+                                                 job.num_mb, started_ns=s),
+        "raw": lambda s: load_job_frames(store, job.job, now, started_ns=s),
+    }
+    for name, load in loads.items():
+        assert load(0).metrics.shape[0] == 1, name  # the lookback alone reaches it
+        assert hw_findings(load(0)), name
+        assert load(started).metrics.empty, name
+        assert not hw_findings(load(started)), name
+    throttle(started + 5 * 10**9)  # during the job
+    for name, load in loads.items():
+        fr = load(started)
+        assert fr.metrics.shape[0] == 1, name
+        (hw,) = hw_findings(fr)
+        assert hw.ranks == (5,) and hw.hosts == (host,), name

@@ -333,6 +333,15 @@ def all_ranks_dead(heartbeats: pd.DataFrame, world_size: int) -> bool:
     return len(latest) == world_size and not latest["alive"].astype(int).any()
 
 
+def hardware_params(p: dict[str, Any], started_ns: int) -> dict[str, Any]:
+    """Query parameters of the hardware reads (:data:`LOG_EVENTS`, :data:`HW_METRICS`):
+    the lookback, but not before the job started. A host's GPU that throttled, or logged
+    an Xid, before this job ran on it is the host's history (its host page and the fleet
+    self-check keep it), not a fault of this job: back-to-back jobs on the same hosts
+    would each inherit the previous one's hardware findings."""
+    return {**p, "since_ns": max(int(p["since_ns"]), int(started_ns or 0))}
+
+
 def latest_attempt(store: Any, job: str) -> int:
     rows = store.query_rows(LATEST_ATTEMPT, {"job": job})
     return int(rows[0]["attempt"]) if rows and rows[0]["n"] else 0
@@ -341,6 +350,7 @@ def latest_attempt(store: Any, job: str) -> int:
 def load_job_frames(
     store: Any, job: str, now_ns: int, window_steps: int = 24, mfu_window_steps: int = 120,
     attempt: int | None = None, lookback_s: float = 600.0, hardware: bool = True,
+    started_ns: int = 0,
 ) -> JobFrames:
     """Load a bounded window of one job's telemetry.
 
@@ -353,6 +363,8 @@ def load_job_frames(
         attempt: job attempt; default the latest.
         lookback_s: how far back in-flight, heartbeat and hardware rows are read.
         hardware: read log events and hardware metrics (a hang-only pass skips them).
+        started_ns: when the job started (the control plane's ``start_ns``): hardware
+            events of its hosts from before it are not the job's (see :func:`hardware_params`).
     """
     att = latest_attempt(store, job) if attempt is None else attempt
     p: dict[str, Any] = {"job": job, "attempt": att}
@@ -377,8 +389,9 @@ def load_job_frames(
         heartbeats=_df(store, HEARTBEATS_LATEST, p, HEARTBEAT_COLUMNS),
         progress=_df(store, PROGRESS, {**p, "from_step": max(last_step - 2, 0)}, ["rank", "group_id", "last_seq"]),
         last_seen={},
-        log_events=_df(store, LOG_EVENTS, p) if hardware else pd.DataFrame(),
-        metrics=_df(store, HW_METRICS, p) if hosts and hardware else pd.DataFrame(),
+        log_events=_df(store, LOG_EVENTS, hardware_params(p, started_ns)) if hardware else pd.DataFrame(),
+        metrics=(_df(store, HW_METRICS, hardware_params(p, started_ns)) if hosts and hardware
+                 else pd.DataFrame()),
         first_step=first_step,
     )
     ls = _df(store, LAST_SEEN, p, ["rank", "last_seen_ns"])
@@ -395,7 +408,7 @@ def load_job_frames(
 def load_reduced_frames(
     store: Any, job: str, now_ns: int, cache: rollups.StepCache, world_size: int, num_microbatches: int,
     window_steps: int = 24, mfu_window_steps: int = 120, attempt: int | None = None,
-    lookback_s: float = 600.0, hardware: bool = True, hang_only: bool = False,
+    lookback_s: float = 600.0, hardware: bool = True, hang_only: bool = False, started_ns: int = 0,
 ) -> JobFrames:
     """Like :func:`load_job_frames`, but every raw-event reduction runs in ClickHouse.
 
@@ -403,7 +416,8 @@ def load_reduced_frames(
     plus, for a full pass, the per-rank-per-step reductions of the window's new or
     changed steps (:mod:`.rollups`, cached in ``cache``). A hang-only pass
     (``hang_only``) refreshes no per-rank-per-step reductions: it reuses the cached op
-    gaps and reads the newest completion time.
+    gaps and reads the newest completion time. ``started_ns``: as in
+    :func:`load_job_frames`.
     """
     fast = fast_enabled()
     if fast and attempt is None:  # one query instead of two
@@ -433,8 +447,9 @@ def load_reduced_frames(
         progress=(rec[0] if rec is not None else
                   _df(store, PROGRESS, {**p, "from_step": recent}, ["rank", "group_id", "last_seq"])),
         last_seen={},
-        log_events=_df(store, LOG_EVENTS, p) if hardware else pd.DataFrame(),
-        metrics=_df(store, HW_METRICS_IN if fast else HW_METRICS, p) if hosts and hardware else pd.DataFrame(),
+        log_events=_df(store, LOG_EVENTS, hardware_params(p, started_ns)) if hardware else pd.DataFrame(),
+        metrics=(_df(store, HW_METRICS_IN if fast else HW_METRICS, hardware_params(p, started_ns))
+                 if hosts and hardware else pd.DataFrame()),
         first_step=first_step,
     )
     if rec is not None:

@@ -90,7 +90,7 @@ def diagnose_job(store: Any, info: JobInfo, now_ns: int, config: DiagnosisConfig
     (``previous``: the job's previous hang analysis, for culprit stickiness)."""
     frames = load_reduced_frames(store, info.job, now_ns, cache if cache is not None else _DEFAULT_CACHE,
                                  info.topology.world_size, info.num_microbatches,
-                                 window_steps=config.stragglers.window_steps)
+                                 window_steps=config.stragglers.window_steps, started_ns=info.start_ns)
     frames.host_seen_ns = dict(host_seen_ns or {})
     frames.job_seen_ns = job_seen_ns
     return diagnose(info, frames, now_ns, config, previous)
@@ -331,7 +331,7 @@ class DiagnosisLoop(PeriodicAlertingService):
         info = job_info(row)
         frames = load_reduced_frames(self._store, info.job, now_ns, self.cache, info.topology.world_size,
                                      info.num_microbatches, window_steps=self.config.stragglers.window_steps,
-                                     hardware=False, hang_only=True)
+                                     hardware=False, hang_only=True, started_ns=info.start_ns)
         frames.host_seen_ns = self._host_seen()
         frames.job_seen_ns = self._job_seen(info.job)
         cached = self.latest.get(info.job)
