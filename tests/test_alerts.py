@@ -239,3 +239,50 @@ def test_pass_series_count_the_passes_of_one_job_not_the_empty_rounds(db, monkey
         assert diag.pass_seconds["hang_job"][0] == 1  # the locked round is not a pass
     finally:
         diag._pool.shutdown(wait=False)
+
+
+def test_a_full_pass_is_left_out_when_the_stall_check_comes_due_during_it(db, monkeypatch):
+    """A pass holds its job, so a hang-only pass that comes due during a full pass waits
+    for it: the page came a full pass late (crossing -> pass 2-5 s in ``bench/diagnosis.py``).
+    A tick leaves a job's full pass out when its stall threshold comes due sooner than 1.5x
+    its latest full pass took, not for a short re-check, and for ``DEFER_MAX_S`` at most."""
+    from types import SimpleNamespace
+
+    from fleetscope.server.alerts.outbox import OutboxSink
+    from fleetscope.server.db.models import Job
+    from fleetscope.server.diagnosis import loop as loop_mod
+    from fleetscope.server.settings import Settings
+
+    with db() as s:
+        s.add(Job(id="j", attempt=0, status="running", dp=2, tp=2, pp=2, updated_ns=time.time_ns()))
+        s.commit()
+    app = SimpleNamespace(state=SimpleNamespace(settings=Settings(), db=db, store=None, alert_dispatcher=None))
+    diag = loop_mod.DiagnosisLoop(app, OutboxSink())
+    full: list[str] = []
+    try:
+        monkeypatch.setattr(diag, "_claim", lambda job: True)
+        monkeypatch.setattr(diag, "run_job", lambda row: full.append(row.id) or 0)
+        diag.tick()
+        assert full == ["j"]  # no pass timed yet, nothing due: the full pass runs
+        diag.pass_s["j"] = 2.0
+        diag._schedule("j", 1.0, time.time_ns())  # the threshold is crossed in 1 s, a pass takes 2
+        diag.tick()
+        assert full == ["j"] and diag.due_in_s() <= 1.0  # left out; the hang-only pass stays due
+        diag._schedule("j", 10.0, time.time_ns())  # far enough: the pass ends before it
+        diag.tick()
+        assert full == ["j", "j"]
+        diag._schedule("j", 0.1, time.time_ns())  # a short re-check (data on the way): no deferral
+        diag.tick()
+        assert full == ["j", "j", "j"]
+        monkeypatch.setattr(loop_mod, "DEFER_MAX_S", 0.2)
+        diag._schedule("j", 1.0, time.time_ns())
+        diag.tick()
+        assert len(full) == 3
+        time.sleep(0.3)  # deferred for longer than DEFER_MAX_S: the full pass runs anyway
+        diag.tick()
+        assert len(full) == 4
+        diag._schedule("j", None, time.time_ns())  # nothing due
+        diag.tick()
+        assert len(full) == 5
+    finally:
+        diag._pool.shutdown(wait=False)
