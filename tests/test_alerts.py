@@ -245,7 +245,8 @@ def test_a_full_pass_is_left_out_when_the_stall_check_comes_due_during_it(db, mo
     """A pass holds its job, so a hang-only pass that comes due during a full pass waits
     for it: the page came a full pass late (crossing -> pass 2-5 s in ``bench/diagnosis.py``).
     A tick leaves a job's full pass out when its stall threshold comes due sooner than 1.5x
-    its latest full pass took, not for a short re-check, and for ``DEFER_MAX_S`` at most."""
+    its latest full pass took, and while it is re-checked after the crossing; not for
+    re-checks alone (data behind), and for ``DEFER_MAX_S`` at most."""
     from types import SimpleNamespace
 
     from fleetscope.server.alerts.outbox import OutboxSink
@@ -271,17 +272,21 @@ def test_a_full_pass_is_left_out_when_the_stall_check_comes_due_during_it(db, mo
         diag._schedule("j", 10.0, time.time_ns())  # far enough: the pass ends before it
         diag.tick()
         assert full == ["j", "j"]
-        diag._schedule("j", 0.1, time.time_ns())  # a short re-check (data on the way): no deferral
+        diag._schedule("j", 1.0, time.time_ns())
+        diag._schedule("j", 0.1, time.time_ns())  # crossed; re-checked while the silence is certified
+        diag.tick()
+        assert full == ["j", "j"]  # still left out
+        diag._schedule("j", None, time.time_ns())  # the verdict is in: nothing due
         diag.tick()
         assert full == ["j", "j", "j"]
+        diag._schedule("j", 0.1, time.time_ns())  # only short re-checks (data behind), no crossing
+        diag.tick()
+        assert full == ["j", "j", "j", "j"]
         monkeypatch.setattr(loop_mod, "DEFER_MAX_S", 0.2)
         diag._schedule("j", 1.0, time.time_ns())
         diag.tick()
-        assert len(full) == 3
-        time.sleep(0.3)  # deferred for longer than DEFER_MAX_S: the full pass runs anyway
-        diag.tick()
         assert len(full) == 4
-        diag._schedule("j", None, time.time_ns())  # nothing due
+        time.sleep(0.3)  # deferred for longer than DEFER_MAX_S: the full pass runs anyway
         diag.tick()
         assert len(full) == 5
     finally:

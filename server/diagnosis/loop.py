@@ -218,10 +218,12 @@ class DiagnosisLoop(PeriodicAlertingService):
         the pass would end (``DEFER_PASS_FACTOR`` times its latest full pass).
 
         A pass holds its job's lock, so a hang-only pass that comes due during a full pass
-        waits for it to end: the page came the full pass's duration late (2-5 s at 8 ranks
-        on a loaded host, several at 12,288). Left out, the hang-only pass runs when due
-        and the next tick does the full pass. Only a threshold crossing defers (not the
-        short re-checks of a job whose data is behind), and for ``DEFER_MAX_S`` at most."""
+        waits for it to end, and the page comes up to a full pass late (several seconds at
+        12,288 ranks under ingest). Left out, the hang-only pass runs when due, and its
+        short re-checks while the silence is being certified (the agents' heartbeats say
+        what is stored, every 2 s) find the job free. Only a job scheduled for a threshold
+        crossing defers (not one that only ever re-checked because its data is behind),
+        and for ``DEFER_MAX_S`` at most per crossing."""
         due, took = self._due_ns.get(job), self.pass_s.get(job)
         if due is None or took is None or job not in self._crossing:
             self._deferred_ns.pop(job, None)
@@ -410,10 +412,8 @@ class DiagnosisLoop(PeriodicAlertingService):
             self._crossing.discard(job)
         else:
             self._due_ns[job] = now_ns + int(max(due_in_s, MIN_RECHECK_S) * 1e9)
-            if due_in_s > MIN_RECHECK_S:
+            if due_in_s > MIN_RECHECK_S:  # a threshold ahead (short re-checks after it keep the mark)
                 self._crossing.add(job)
-            else:
-                self._crossing.discard(job)
 
     def _wake_dispatcher(self, queued: int) -> None:
         """Deliver new alert rows now, not after the rest of this pass."""
