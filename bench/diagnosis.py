@@ -24,6 +24,7 @@ scenario class and overall with Wilson 95% lower bounds, hang/crash culprit accu
     .venv/bin/python bench/diagnosis.py                  # every scenario, 2 seeds (hours on 2 CPUs)
     .venv/bin/python bench/diagnosis.py --quick          # one seed of a small cross-section
     .venv/bin/python bench/diagnosis.py --only clean,hang-compute --seeds 1
+    .venv/bin/python bench/diagnosis.py --seeds 1 --first-seed 1   # the second seed alone
     .venv/bin/python bench/diagnosis.py --list           # scenario names and classes
     .venv/bin/python bench/diagnosis.py --hidden 512 --seq-len 128 --only compute-stage1   # less noisy model
     .venv/bin/python bench/diagnosis.py --sweep          # detection floor vs timing noise (synthetic)
@@ -769,6 +770,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="", help="comma-separated scenario names")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per scenario (default 2)")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds run are FIRST_SEED .. FIRST_SEED+SEEDS-1 (default 0): a long suite "
+                         "split over several sessions or machines, one seed each")
     ap.add_argument("--quick", action="store_true", help=f"one seed of {', '.join(QUICK)}")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -802,6 +806,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.seeds < 1:
         ap.error(f"--seeds must be >= 1, got {args.seeds}")
+    if args.first_seed < 0:
+        ap.error(f"--first-seed must be >= 0, got {args.first_seed}")
     names = [n for n in args.only.split(",") if n] or (list(QUICK) if args.quick else [])
     seeds = 1 if args.quick and not args.only else args.seeds
     unknown = [n for n in names if n not in {s.name for s in SCENARIOS}]
@@ -814,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
     api = f"{url}/api/v1"
     http = httpx.Client(timeout=60)
     pairs: list[tuple[Scenario, Result]] = []
-    runs = [(sc, seed) for seed in range(seeds) for sc in scs]
+    runs = [(sc, seed) for seed in range(args.first_seed, args.first_seed + seeds) for sc in scs]
     print(f"{len(runs)} scenario runs ({sum(1 for sc, _ in runs if sc.paired)} with a clean twin); "
           f"model {' '.join(MODEL)}; load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     try:
