@@ -53,11 +53,6 @@ POST_MORTEM_SKIP = frozenset({FindingKind.HANG, FindingKind.HEARTBEAT_LOST})
 MIN_RECHECK_S = 0.25
 """Shortest gap between two early passes of one job (a stall due while its data is still
 on the way is re-checked this often)."""
-DEFER_PASS_FACTOR = 1.5
-"""A job's full pass is left out of a tick when its stall threshold comes due sooner than
-this many times its latest full pass took (see :meth:`DiagnosisLoop._defer_full`)."""
-DEFER_MAX_S = 10.0
-"""Longest a job's full passes are left out for an imminent stall check."""
 
 
 class DiagnosisSettings(Protocol):
@@ -130,10 +125,6 @@ class DiagnosisLoop(PeriodicAlertingService):
         self._cursor = 0
         self._due_ns: dict[str, int] = {}
         """job -> wall time at which its stall rules may fire (early pass then)."""
-        self._crossing: set[str] = set()
-        """Jobs whose ``_due_ns`` is a stall threshold being crossed (not a short re-check)."""
-        self._deferred_ns: dict[str, int] = {}
-        """job -> when its full passes began to be left out for an imminent stall check."""
         self._same_hang: dict[str, tuple[tuple, int]] = {}
         """job -> (its latest hang verdict, how many full passes in a row gave it)."""
         self._last_tick: dict[str, int] = {}
@@ -183,9 +174,6 @@ class DiagnosisLoop(PeriodicAlertingService):
         by_id = {j.id: j for j in jobs}
         for k in [k for k in list(self._due_ns) if k not in by_id]:  # in place: the early pass writes too
             self._due_ns.pop(k, None)
-        for k in [k for k in list(self._crossing) if k not in by_id]:
-            self._crossing.discard(k)
-        self._deferred_ns = {k: v for k, v in self._deferred_ns.items() if k in by_id}
         self._closed = {k: v for k, v in self._closed.items() if k in by_id}
         self._last_tick = {k: v for k, v in self._last_tick.items() if k in by_id}
         self._same_hang = {k: v for k, v in self._same_hang.items() if k in by_id}
@@ -199,7 +187,7 @@ class DiagnosisLoop(PeriodicAlertingService):
             picked = [live[(self._cursor + i) % len(live)] for i in range(n)]
             self._cursor = (self._cursor + n) % len(live)
             picked.sort(key=lambda j: j.status not in LIVE_STATUSES)  # stable: round-robin order within
-            queued += self._run_jobs([j for j in picked if not self._defer_full(j.id, now)])
+            queued += self._run_jobs(picked)
         self.num_ticks += 1
         return queued
 
@@ -212,27 +200,6 @@ class DiagnosisLoop(PeriodicAlertingService):
         if self._same_hang.get(row.id, (None, 0))[1] < SETTLED_AFTER_PASSES:
             return False
         return self.num_ticks - self._last_tick.get(row.id, -SETTLED_EVERY_TICKS) < SETTLED_EVERY_TICKS
-
-    def _defer_full(self, job: str, now_ns: int) -> bool:
-        """Leave this tick's full pass of ``job`` out: its stall threshold comes due before
-        the pass would end (``DEFER_PASS_FACTOR`` times its latest full pass).
-
-        A pass holds its job's lock, so a hang-only pass that comes due during a full pass
-        waits for it to end, and the page comes up to a full pass late (several seconds at
-        12,288 ranks under ingest). Left out, the hang-only pass runs when due, and its
-        short re-checks while the silence is being certified (the agents' heartbeats say
-        what is stored, every 2 s) find the job free. Only a job scheduled for a threshold
-        crossing defers (not one that only ever re-checked because its data is behind),
-        and for ``DEFER_MAX_S`` at most per crossing."""
-        due, took = self._due_ns.get(job), self.pass_s.get(job)
-        if due is None or took is None or job not in self._crossing:
-            self._deferred_ns.pop(job, None)
-            return False
-        if due - now_ns >= DEFER_PASS_FACTOR * took * 1e9:
-            self._deferred_ns.pop(job, None)
-            return False
-        since = self._deferred_ns.setdefault(job, now_ns)
-        return now_ns - since < DEFER_MAX_S * 1e9
 
     def due_in_s(self) -> float:
         due = list(self._due_ns.values())  # one atomic copy: the pass thread updates it
@@ -409,11 +376,8 @@ class DiagnosisLoop(PeriodicAlertingService):
     def _schedule(self, job: str, due_in_s: float | None, now_ns: int) -> None:
         if due_in_s is None:
             self._due_ns.pop(job, None)
-            self._crossing.discard(job)
         else:
             self._due_ns[job] = now_ns + int(max(due_in_s, MIN_RECHECK_S) * 1e9)
-            if due_in_s > MIN_RECHECK_S:  # a threshold ahead (short re-checks after it keep the mark)
-                self._crossing.add(job)
 
     def _wake_dispatcher(self, queued: int) -> None:
         """Deliver new alert rows now, not after the rest of this pass."""
