@@ -1,0 +1,85 @@
+"""The measured-slowdown figures of bench/diagnosis.py (issue 14, what-if vs measured):
+the faulty/clean slowdown, the same with each run against its own steps before onset,
+and the peers' compute ratio, read from spools written by the hooks' spool sink."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetscope.trainer_hooks.sinks import SpoolSink
+
+ROOT = Path(__file__).resolve().parents[1]
+MS = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_diagnosis_figures", ROOT / "bench" / "diagnosis.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_diagnosis_figures"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def write_job(spool_dir: Path, job: str, step_ms: list[list[float]], compute_ms: list[list[float]]) -> None:
+    """Rank r's step s lasts ``step_ms[r][s]``, with one forward section of ``compute_ms[r][s]``."""
+    for rank, (steps, computes) in enumerate(zip(step_ms, compute_ms)):
+        sink = SpoolSink(spool_dir)
+        sink.open({"job": job, "rank": rank, "host": "h0", "attempt": 0, "local_rank": rank})
+        t = 1_000 * MS
+        step_rows, sec_rows = [], []
+        base = {"job": job, "attempt": 0, "rank": rank, "host": "h0"}
+        for n, (dur, comp) in enumerate(zip(steps, computes)):
+            step_rows.append({**base, "step": n, "start_ns": t, "end_ns": t + int(dur * MS),
+                              "duration_ns": int(dur * MS), "num_microbatches": 1, "tokens": 0,
+                              "loss": 0.0})
+            sec_rows.append({**base, "step": n, "microbatch": 0, "name": "forward", "kind": "compute",
+                             "start_ns": t, "end_ns": t + int(comp * MS), "duration_ns": int(comp * MS),
+                             "device_ns": -1})
+            t += int(dur * MS)
+        sink.write("steps", step_rows)
+        sink.write("sections", sec_rows)
+        sink.close()
+
+
+def test_slowdown_against_the_clean_twin_and_against_the_steps_before_onset(bench, tmp_path):
+    # 12 steps, onset at step 4. The clean twin ran on a machine 10% faster throughout
+    # (a load shift between the two runs); the fault adds 20% to the faulty job's steps
+    # from its onset. The peers (rank 1) compute 5% less in the faulty run after onset.
+    onset, n = 4, 12
+    faulty_steps = [[100.0 * (1.2 if s >= onset else 1.0) for s in range(n)]] * 2
+    clean_steps = [[90.0] * n] * 2
+    faulty_compute = [[60.0 * (1.2 if s >= onset else 1.0) for s in range(n)],
+                      [60.0 * (0.95 if s >= onset else 1.0) for s in range(n)]]
+    clean_compute = [[60.0] * n, [60.0] * n]
+    write_job(tmp_path, "faulty", faulty_steps, faulty_compute)
+    write_job(tmp_path, "clean", clean_steps, clean_compute)
+    results = []
+    for job in ("faulty", "clean"):
+        r = bench.Result(job)
+        r.step_s = bench.job_step_s(tmp_path, job, 2, onset + 2)
+        r.pre_step_s = bench.job_step_s(tmp_path, job, 2, 1, onset)
+        r.peers_compute_s = bench.peers_compute_s(tmp_path, job, (1, 1, 2), {0}, onset + 2)
+        results.append(r)
+    faulty, clean = results
+    assert faulty.step_s == pytest.approx(0.120) and faulty.pre_step_s == pytest.approx(0.100)
+    assert clean.step_s == pytest.approx(0.090) and clean.pre_step_s == pytest.approx(0.090)
+    bench.set_measured(faulty, clean)
+    assert faulty.measured == pytest.approx(120 / 90 - 1, abs=1e-4)  # the load shift counts in it
+    assert faulty.measured_pre == pytest.approx(0.20, abs=1e-4)  # ... and cancels out of this one
+    assert faulty.peers_ratio == pytest.approx(0.95, abs=1e-3)
+
+
+def test_no_figure_without_steps_before_onset_or_a_clean_twin(bench):
+    faulty, clean = bench.Result("f"), bench.Result("c")
+    faulty.step_s, clean.step_s = 1.2, 1.0
+    bench.set_measured(faulty, clean)
+    assert faulty.measured == pytest.approx(0.2)
+    assert faulty.measured_pre is None and faulty.peers_ratio is None
+    lone = bench.Result("f")
+    bench.set_measured(lone, bench.Result("c"))
+    assert lone.measured is None and lone.measured_pre is None
