@@ -288,6 +288,8 @@ class Result:
     """Reported est_slowdown of the (strongest) expected finding."""
     step_s: float | None = None
     """Median job step time (slowest rank) over the steps after onset + 2."""
+    step_times: list[float] = field(default_factory=list)
+    """Those steps' times (the slowest rank's), for the measured slowdown's interval."""
     pre_step_s: float | None = None
     """The same over the steps before onset (the first, warm-up step left out)."""
     peers_compute_s: float | None = None
@@ -296,6 +298,8 @@ class Result:
     cores, and its peers' compute shrinks (see :func:`peers_compute_s`)."""
     measured: float | None = None
     """Faulty step time / clean step time - 1 (set from the clean twin)."""
+    measured_ci: tuple[float, float] | None = None
+    """90% bootstrap interval of ``measured`` over both runs' steps."""
     measured_pre: float | None = None
     """The slowdown with each run's step time taken relative to its own steps before
     onset: (faulty after / faulty before) / (clean after / clean before) - 1. A run-wide
@@ -317,6 +321,14 @@ def job_step_s(spool_dir: Path, job: str, world: int, from_step: int,
     """Median over steps >= ``from_step`` (and < ``until_step`` where given; the last step
     left out) of the slowest rank's step time, from the ranks' own step records in the
     spool."""
+    vals = sorted(job_step_times(spool_dir, job, world, from_step, until_step))
+    return vals[len(vals) // 2] if vals else None
+
+
+def job_step_times(spool_dir: Path, job: str, world: int, from_step: int,
+                   until_step: int | None = None) -> list[float]:
+    """The slowest rank's step time (s) of each step >= ``from_step`` (and < ``until_step``;
+    the last step left out), in step order; empty when fewer than 3 steps were seen."""
     per: dict[int, float] = {}
     for r in range(world):
         d = spool.rank_dir(spool_dir, job, r)
@@ -331,9 +343,22 @@ def job_step_s(spool_dir: Path, job: str, world: int, from_step: int,
                     if st >= from_step and (until_step is None or st < until_step):
                         per[st] = max(per.get(st, 0.0), dur / 1e9)
     if len(per) < 3:
-        return None
-    vals = sorted(v for k, v in per.items() if k < max(per))
-    return vals[len(vals) // 2]
+        return []
+    return [per[k] for k in sorted(per) if k < max(per)]
+
+
+def slowdown_interval(faulty: list[float], clean: list[float], resamples: int = 2000,
+                      seed: int = 0) -> tuple[float, float]:
+    """90% bootstrap interval of ``median(faulty) / median(clean) - 1``, the steps of each
+    run resampled with replacement: how well the two runs' step times pin the measured
+    slowdown down at this machine's noise."""
+    rng = np.random.default_rng(seed)
+    f, c = np.asarray(faulty), np.asarray(clean)
+    fi = rng.integers(0, len(f), (resamples, len(f)))
+    ci = rng.integers(0, len(c), (resamples, len(c)))
+    ratios = np.median(f[fi], axis=1) / np.median(c[ci], axis=1) - 1
+    lo, hi = np.quantile(ratios, [0.05, 0.95])
+    return float(lo), float(hi)
 
 
 def spool_frames(spool_dir: Path, job: str, world: int) -> dict:
@@ -482,7 +507,8 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
     res.extra_kinds = sorted(set(res.kinds) - expect)
     res.straggler_findings = [(i["kind"], i["ranks"], i["group_id"]) for i in items if i["kind"] in STRAGGLER]
     if sc.paired:
-        res.step_s = job_step_s(spool_dir, job, world, sc.onset_step + 2)
+        res.step_times = job_step_times(spool_dir, job, world, sc.onset_step + 2)
+        res.step_s = sorted(res.step_times)[len(res.step_times) // 2] if res.step_times else None
         res.pre_step_s = job_step_s(spool_dir, job, world, 1, sc.onset_step)
         try:
             res.peers_compute_s = peers_compute_s(spool_dir, job, sc.layout, sc.culprits, sc.onset_step + 2)
@@ -644,7 +670,8 @@ def print_row(sc: Scenario, r: Result) -> None:
               f"{r.noise['ratio']}, CUSUM needs ~{r.noise['cusum_steps_1.2x']:g} steps for 1.2x at this noise "
               f"(window 24); load average (1 min) {r.load_1m}", flush=True)
     if r.measured is not None:
-        print(f"    slowdown: faulty/clean {fmt(r.measured, True)}, each against its own steps before onset "
+        ci = f" (90% interval {fmt(r.measured_ci[0], True)} to {fmt(r.measured_ci[1], True)})" if r.measured_ci else ""
+        print(f"    slowdown: faulty/clean {fmt(r.measured, True)}{ci}, each against its own steps before onset "
               f"{fmt(r.measured_pre, True)}; peers' compute faulty/clean {fmt(r.peers_ratio)}", flush=True)
     if r.stages:
         print(f"    {r.detected_by or 'hang'}: " + ", ".join(f"{k} {v}" for k, v in r.stages.items())
@@ -899,6 +926,9 @@ def set_measured(faulty: Result, clean: Result) -> None:
     """The faulty run's measured slowdowns and peers' compute ratio against its clean twin."""
     if faulty.step_s and clean.step_s:
         faulty.measured = round(faulty.step_s / clean.step_s - 1, 4)
+        if faulty.step_times and clean.step_times:
+            lo, hi = slowdown_interval(faulty.step_times, clean.step_times)
+            faulty.measured_ci = (round(lo, 4), round(hi, 4))
         if faulty.pre_step_s and clean.pre_step_s:
             faulty.measured_pre = round((faulty.step_s / faulty.pre_step_s)
                                         / (clean.step_s / clean.pre_step_s) - 1, 4)
@@ -955,6 +985,15 @@ def summarize(pairs: list[tuple[Scenario, Result]]) -> int:
               + f"; {len(wi) - len(judged)} with measured < 3% not judged")
         if bad:
             missed.append("what-if")
+        band = [(sc, r) for sc, r in judged if r.measured_ci]
+        if band:  # the band is +-25% of the measured figure: can these runs tell at all?
+            tight = [(sc, r) for sc, r in band
+                     if r.measured_ci[1] - r.measured_ci[0] <= 2 * WHATIF_TOL * r.measured]
+            within = sum(abs(r.whatif - r.measured) <= WHATIF_TOL * r.measured for _, r in tight)
+            print(f"  measured slowdown pinned down to the band's width (90% interval <= +-{WHATIF_TOL:.0%}): "
+                  f"{len(tight)}/{len(band)} runs, what-if within the band in {within} of them; "
+                  f"median interval width {sorted(r.measured_ci[1] - r.measured_ci[0] for _, r in band)[len(band) // 2]:.1%}"
+                  " of step time")
         pre = [(sc, r) for sc, r in wi if r.measured_pre is not None and r.measured_pre >= 0.03]
         if pre:  # not the target (the issue's figure is the one above): where the misses come from
             off = sum(abs(r.whatif - r.measured_pre) > WHATIF_TOL * r.measured_pre for _, r in pre)

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fleetscope.trainer_hooks.sinks import SpoolSink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,3 +82,26 @@ def test_no_figure_without_steps_before_onset_or_a_clean_twin(bench):
     lone = bench.Result("f")
     bench.set_measured(lone, bench.Result("c"))
     assert lone.measured is None and lone.measured_pre is None
+
+
+def test_the_measured_slowdowns_interval_narrows_with_the_noise(bench):
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    clean = list(1.0 * np.exp(rng.normal(0, 0.02, 30)))
+    faulty = list(1.2 * np.exp(rng.normal(0, 0.02, 30)))
+    lo, hi = bench.slowdown_interval(faulty, clean)
+    assert lo < 0.2 < hi and hi - lo < 0.05
+    noisy_clean = list(1.0 * np.exp(rng.normal(0, 0.3, 30)))
+    noisy_faulty = list(1.2 * np.exp(rng.normal(0, 0.3, 30)))
+    nlo, nhi = bench.slowdown_interval(noisy_faulty, noisy_clean)
+    assert nhi - nlo > 4 * (hi - lo)  # at 30% step noise, a 20% slowdown is barely pinned down
+
+
+def test_the_interval_is_set_with_the_measured_slowdown(bench):
+    faulty, clean = bench.Result("f"), bench.Result("c")
+    faulty.step_times, clean.step_times = [1.2, 1.21, 1.19, 1.2], [1.0, 1.01, 0.99, 1.0]
+    faulty.step_s, clean.step_s = 1.2, 1.0
+    bench.set_measured(faulty, clean)
+    lo, hi = faulty.measured_ci
+    assert lo <= faulty.measured <= hi and hi - lo < 0.05
