@@ -990,6 +990,8 @@ def summarize(pairs: list[tuple[Scenario, Result]]) -> int:
             tight = [(sc, r) for sc, r in band
                      if r.measured_ci[1] - r.measured_ci[0] <= 2 * WHATIF_TOL * r.measured]
             within = sum(abs(r.whatif - r.measured) <= WHATIF_TOL * r.measured for _, r in tight)
+            inside = sum(r.measured_ci[0] <= r.whatif <= r.measured_ci[1] for _, r in band)
+            print(f"  what-if inside the measured slowdown's 90% interval: {inside}/{len(band)}")
             print(f"  measured slowdown pinned down to the band's width (90% interval <= +-{WHATIF_TOL:.0%}): "
                   f"{len(tight)}/{len(band)} runs, what-if within the band in {within} of them; "
                   f"median interval width {sorted(r.measured_ci[1] - r.measured_ci[0] for _, r in band)[len(band) // 2]:.1%}"
