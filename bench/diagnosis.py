@@ -8,7 +8,10 @@ WITHOUT its fault (same layout, same seed, same steps; faulty and clean runs int
 their order alternating by seed, so both see the same machine load), which gives
 
 * the measured job slowdown: median job step time (slowest rank) over the steps after
-  onset, faulty / clean - 1, against the finding's what-if ``est_slowdown``;
+  onset, faulty / clean - 1, against the finding's what-if ``est_slowdown``; with its 90%
+  bootstrap interval over both runs' steps (can this machine's noise judge the +-25%
+  band at all?), the same slowdown with each run against its own steps before onset,
+  and the peers' compute faulty / clean (did the fault free CPU for its peers?);
 * the injected factor against the finding's reported ``factor``;
 * false findings on clean runs (each clean run counts in precision).
 
