@@ -4,24 +4,19 @@ and the peers' compute ratio, read from spools written by the hooks' spool sink.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 from fleetscope.trainer_hooks.sinks import SpoolSink
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.bench_module import load_bench
+
 MS = 1_000_000
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_diagnosis_figures", ROOT / "bench" / "diagnosis.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_diagnosis_figures"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("diagnosis", "bench_diagnosis_figures")
 
 
 def write_job(spool_dir: Path, job: str, step_ms: list[list[float]], compute_ms: list[list[float]]) -> None:

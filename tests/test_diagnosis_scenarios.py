@@ -13,29 +13,22 @@ About 3-4 minutes on 2 cores. The full suite: ``python bench/diagnosis.py``.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import signal
 import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import httpx
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests.helpers.bench_module import load_bench
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_diagnosis", ROOT / "bench" / "diagnosis.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_diagnosis"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("diagnosis", "bench_diagnosis")
 
 
 @pytest.fixture(scope="module")
