@@ -324,8 +324,12 @@ def job_step_s(spool_dir: Path, job: str, world: int, from_step: int,
     """Median over steps >= ``from_step`` (and < ``until_step`` where given; the last step
     left out) of the slowest rank's step time, from the ranks' own step records in the
     spool."""
-    vals = sorted(job_step_times(spool_dir, job, world, from_step, until_step))
-    return vals[len(vals) // 2] if vals else None
+    return upper_median(job_step_times(spool_dir, job, world, from_step, until_step))
+
+
+def upper_median(vals: list[float]) -> float | None:
+    """The median (the upper one of an even count); None for no values."""
+    return sorted(vals)[len(vals) // 2] if vals else None
 
 
 def job_step_times(spool_dir: Path, job: str, world: int, from_step: int,
@@ -422,7 +426,6 @@ def peers_compute_s(spool_dir: Path, job: str, layout: tuple[int, int, int], inj
     shows whether the fault changed its peers' work: an injected sleep on a machine with
     more ranks than cores frees a core for them, so the job slows less than the what-if
     (which holds the peers' work fixed) predicts."""
-    import numpy as np
     from fleetscope.server.diagnosis.breakdown import rank_step_breakdown
 
     dp, tp, pp = layout
@@ -511,7 +514,7 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
     res.straggler_findings = [(i["kind"], i["ranks"], i["group_id"]) for i in items if i["kind"] in STRAGGLER]
     if sc.paired:
         res.step_times = job_step_times(spool_dir, job, world, sc.onset_step + 2)
-        res.step_s = sorted(res.step_times)[len(res.step_times) // 2] if res.step_times else None
+        res.step_s = upper_median(res.step_times)
         res.pre_step_s = job_step_s(spool_dir, job, world, 1, sc.onset_step)
         try:
             res.peers_compute_s = peers_compute_s(spool_dir, job, sc.layout, sc.culprits, sc.onset_step + 2)
