@@ -388,7 +388,8 @@ def spool_frames(spool_dir: Path, job: str, world: int) -> dict:
 def spool_noise(spool_dir: Path, job: str, layout: tuple[int, int, int], rank: int, onset_step: int,
                 section: str, judged: tuple[int, int] | None = None) -> dict[str, float]:
     """Per-step noise (robust sigma of the log ratio to the stage peers' median, the
-    detector's input) of ``section``'s component, ``rank``'s median ratio over the steps
+    detector's input) of ``section``'s component (``"compute"``, ``"dataloader"``, or
+    ``"compute (CPU time)"``: the compute sections' thread CPU time), ``rank``'s median ratio over the steps
     from ``onset_step`` (first and last step left out) - over the steps ``judged`` (first,
     last) where given, those the finding's ``factor`` was measured on, so that both
     figures are of the same steps (an injected sleep overshoots by more or less as the
@@ -407,7 +408,8 @@ def spool_noise(spool_dir: Path, job: str, layout: tuple[int, int, int], rank: i
         return {}
     bd, _ = rank_step_breakdown(f["sections"], f["collectives"], f["steps"])
     bd = bd[(bd["step"] > bd["step"].min()) & (bd["step"] < bd["step"].max())]
-    ranks, steps, lr, sigma = stage_log_ratios(topo, bd, "dataloader_ns" if section == "dataloader" else "compute_ns")
+    column = {"dataloader": "dataloader_ns", "compute (CPU time)": "compute_cpu_ns"}.get(section, "compute_ns")
+    ranks, steps, lr, sigma = stage_log_ratios(topo, bd, column)
     if rank not in ranks or not steps:
         return {}
     after = [j for j, st in enumerate(steps) if st >= onset_step]
@@ -536,7 +538,8 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
             if sc.throttle_rank in i["ranks"][:1]:
                 res.hardware_joined = bool(ev.get("hardware_events"))
         if sc.paired and sc.factor and sc.culprits:
-            section = "dataloader" if "section=dataloader" in " ".join(sc.inject) else "compute"
+            section = "dataloader" if "section=dataloader" in " ".join(sc.inject) else (
+                "compute (CPU time)" if res.component == "compute (CPU time)" else "compute")
             rank = min(sc.culprits)
             own = [i for i in match if i["ranks"][:1] == [rank] and (i.get("evidence") or {}).get("judged_steps")]
             judged = ((own[0]["last_step"] - int(own[0]["evidence"]["judged_steps"]) + 1, own[0]["last_step"])

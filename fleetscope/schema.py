@@ -163,6 +163,9 @@ SECTIONS = RecordType(
         _c("end_ns", I64, "CPU end time"),
         _c("duration_ns", I64, "best duration: device time when measured, else end-start"),
         _c("device_ns", I64, "device (CUDA event) duration, -1 if not measured", -1),
+        _c("cpu_ns", I64, "CPU time the thread that ran the section spent on a CPU during it "
+           "(measured where the device is the CPU, which has no event clock; -1 if not measured)",
+           -1, since=7),
     ),
     time_column="start_ns",
     time_columns=("start_ns", "end_ns"),

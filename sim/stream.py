@@ -229,7 +229,8 @@ class Fleet:
         return self._table("sections", [
             self._job(n), *self._ident(c["rank"]), pa.array(c["step"]), pa.array(c["microbatch"]),
             _strings(SECTIONS, c["name"]), _strings(SECTION_KINDS, c["name"]),
-            pa.array(start), pa.array(end), pa.array(dur), pa.array(dev)])
+            pa.array(start), pa.array(end), pa.array(dur), pa.array(dev),
+            pa.nulls(n, pa.int64()).fill_null(-1)])  # cpu_ns: GPU ranks, device time instead
 
     def _collectives_table(self, c: dict[str, np.ndarray]) -> pa.Table:
         n = c["rank"].size

@@ -58,18 +58,17 @@ def test_real_trainer_straggler_then_hang(tmp_path):
                     # the first ticks judge few slow steps: on a loaded 2-core host one once
                     # named rank 5's optimizer (score 1.1) before its compute; the finding
                     # the detector settles on is the one checked
-                    return [i for i in slow if i.get("component") == "compute"] or None
+                    return [i for i in slow if i.get("component") == "compute (CPU time)"] or None
 
-                items = wait_for(found, 240, "slow_compute finding for rank 5's compute")
+                items = wait_for(found, 240, "slow_compute finding for rank 5's compute (CPU time)")
                 assert all(i["ranks"] == [5] for i in seen), [i for i in seen if i["ranks"] != [5]]
                 assert items[0]["ranks"] == [5], items
                 assert items[0]["evidence"]["stage"] == 1 and items[0]["est_slowdown"] > 0
-                # the factor of its compute vs its stage peers: 1.6 injected as sleeps; on a
-                # loaded 2-core host a sleeping rank waits for a core again after each one, so
-                # its compute really takes longer than asked (2.49 measured once, CI load);
-                # the job's cost depends on how much of a step is compute: a few %
+                # the factor of its compute vs its stage peers, on the CPU clock (the trainer
+                # burns 0.6x the CPU time each compute section used): the wait for a core,
+                # which made the wall-clock factor 1.2-3.2 on a loaded 2-core host, is not in it
                 f = items[0]
-                assert f["component"] == "compute" and 1.2 <= f["factor"] <= 3.2, json.dumps(f)
+                assert 1.6 * 0.9 <= f["factor"] <= 1.6 * 1.1, json.dumps(f)
                 ev = f["evidence"]  # the factor is the rank's own compute over its peers'
                 assert ev["component_ms"] > ev["peer_component_ms"] * 1.1, json.dumps(f)
                 incidents = HTTP.get(f"{url.api}/incidents", params={"job": "e2e-strag"}).json()["items"]

@@ -29,6 +29,7 @@ SCENARIOS = {
     "link-tp": {"link_factor": lambda g, s: 8.0 if g == "tp.pp0.dp1" and s >= 6 else 1.0},
     "link-dp": {"link_factor": lambda g, s: 8.0 if g == "dp.pp0.tp1" and s >= 6 else 1.0},
     "two-0-7": {"compute_factor": lambda r, s: 1.3 if r in (0, 7) and s >= 8 else 1.0},
+    "cpu-clock-5": {"compute_factor": lambda r, s: 1.3 if r == 5 and s >= 10 else 1.0, "cpu_clock": True},
 }
 
 
@@ -78,11 +79,13 @@ def test_reduced_findings_match_pandas_over_raw_events(store, name):
                 assert b.evidence[k] == pytest.approx(a.evidence[k], rel=1e-3, abs=1e-3), k
         if "waited_in_groups" in a.evidence:
             assert b.evidence["waited_in_groups"][:1] == a.evidence["waited_in_groups"][:1]
-    cols = ["rank", "step", "busy_ns", "comm_ns", "wait_ns", "compute_ns", "dataloader_ns", "wait_caused_ns"]
+    cols = ["rank", "step", "busy_ns", "comm_ns", "wait_ns", "compute_ns", "dataloader_ns", "wait_caused_ns",
+            "compute_cpu_ns"]
     m = raw.breakdown[cols].merge(red.breakdown[cols], on=["rank", "step"], suffixes=("", "_r"))
     assert len(m) == len(raw.breakdown) == len(red.breakdown)
     for c in cols[2:]:
         assert (m[c] - m[c + "_r"]).abs().max() == 0, c
+    assert (raw.breakdown["compute_cpu_ns"] > 0).all() == SCENARIOS[name].get("cpu_clock", False)
     np.testing.assert_allclose(red.profile.fwd_ns, raw.profile.fwd_ns)
     np.testing.assert_allclose(red.profile.bwd_ns, raw.profile.bwd_ns)
     assert red.profile.link_ns == pytest.approx(raw.profile.link_ns)

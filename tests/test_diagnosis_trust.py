@@ -447,7 +447,8 @@ def _frame(topo: Topology, steps: int, sigma: float, seed: int, slow: tuple[int,
     cols = {"rank": rk.ravel(), "step": st.ravel(), "step_ns": step.ravel(), "comm_ns": (step - busy).ravel(),
             "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(), "compute_ns": comp.ravel(),
             "dataloader_ns": dl.ravel(), "optimizer_ns": opt.ravel(), "other_ns": 0.0,
-            "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0, "num_collectives": 10}
+            "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0, "num_collectives": 10,
+            "compute_cpu_ns": 0}
     return pd.DataFrame(cols)[list(BREAKDOWN_COLUMNS)]
 
 
@@ -499,3 +500,38 @@ def test_1_2x_straggler_in_40pct_noise_is_named_with_its_factor_and_clean_twins_
             else:
                 assert not faulty, seed
     assert sorted(delays)[len(delays) // 2] <= 30 and max(delays) <= 40, delays
+
+
+def _cpu_clock_frame(topo: Topology, seed: int, slow: tuple[int, float, int] | None) -> pd.DataFrame:
+    """A small CPU-device job as this machine runs one (more ranks than cores): wall-clock
+    compute with per-step log noise 0.5 (each rank waits for a core at random), the same
+    compute's thread CPU time with noise 0.05; ``slow`` = (rank, factor, from step) makes
+    that rank's work ``factor`` x as long, on both clocks."""
+    bd = _frame(topo, 32, 0.5, seed, noisy_ranks=())
+    rng = np.random.default_rng(seed + 100)
+    cpu = 8 * MS * np.exp(0.05 * rng.standard_normal(len(bd)))
+    if slow:
+        r, factor, s0 = slow
+        hit = ((bd["rank"] == r) & (bd["step"] >= s0)).to_numpy()
+        cpu[hit] *= factor
+        bd.loc[hit, "compute_ns"] *= factor
+        bd.loc[hit, "busy_ns"] += bd.loc[hit, "compute_ns"] * (1 - 1 / factor)
+    return bd.assign(compute_cpu_ns=cpu)
+
+
+def test_cpu_time_names_a_1_2x_compute_straggler_that_wall_noise_hides():
+    """On a CPU device the compute sections' thread CPU time carries the same work on a
+    clock the wait for a core does not move: a 1.2x straggler under wall noise 0.5 (the
+    CUSUM would need ~260 steps on the wall clock) is named from the CPU clock, with the
+    CPU clock's factor; its clean twin, and the same job without the CPU clock, name
+    nobody."""
+    topo = Topology(dp=2, tp=2, pp=2)
+    for seed in range(3):
+        found = detect_stragglers("t", topo, _cpu_clock_frame(topo, seed, (5, 1.2, 12)), pd.DataFrame())
+        assert [(f.kind, f.ranks) for f in found] == [(FindingKind.SLOW_COMPUTE, (5,))], seed
+        assert found[0].component == "compute (CPU time)"
+        assert found[0].factor == pytest.approx(1.2, rel=0.05)
+        assert "compute_cpu" in found[0].evidence["components_excess_ms"]
+        assert detect_stragglers("t", topo, _cpu_clock_frame(topo, seed, None), pd.DataFrame()) == []
+        wall_only = _cpu_clock_frame(topo, seed, (5, 1.2, 12)).assign(compute_cpu_ns=0)
+        assert detect_stragglers("t", topo, wall_only, pd.DataFrame()) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -75,6 +76,37 @@ def test_sections_steps_microbatch_and_metrics_in_memory_sink():
     assert sink.info["rank"] == 3 and sink.info["tp"] == 1 and sink.closed
     for rt, rows in sink.records.items():  # every row fits the schema
         codec.rows_to_table(RECORD_TYPES[rt], rows)
+
+
+def test_sections_on_a_cpu_device_carry_the_threads_cpu_time():
+    """On the CPU (no event clock) a section's ``cpu_ns`` is the CPU time of the thread
+    that ran it: a section that sleeps or waits for a core keeps its wall time in
+    ``duration_ns`` but adds almost nothing to ``cpu_ns``; one that computes adds its work."""
+    sink = hooks.MemorySink()
+    hooks.init(job="j", rank=0, sink=sink, config=FAST, trace_collectives=False)
+    with hooks.step(0):
+        with hooks.section("dataloader"):
+            time.sleep(0.05)
+        with hooks.section("forward"):
+            end = time.thread_time_ns() + 30_000_000
+            while time.thread_time_ns() < end:
+                pass
+    hooks.shutdown()
+    by = {s["name"]: s for s in sink.rows("sections")}
+    assert by["dataloader"]["duration_ns"] >= 50_000_000
+    assert 0 <= by["dataloader"]["cpu_ns"] < 10_000_000
+    assert 30_000_000 <= by["forward"]["cpu_ns"] <= by["forward"]["duration_ns"] + 1_000_000
+    assert all(s["device_ns"] == -1 for s in by.values())
+    for rt, rows in sink.records.items():
+        codec.rows_to_table(RECORD_TYPES[rt], rows)
+
+    sink = hooks.MemorySink()  # switched off: not measured
+    hooks.init(job="j", rank=0, sink=sink, trace_collectives=False,
+               config=dataclasses.replace(FAST, section_cpu_time=False))
+    with hooks.step(0), hooks.section("forward"):
+        pass
+    hooks.shutdown()
+    assert [s["cpu_ns"] for s in sink.rows("sections")] == [-1]
 
 
 def test_inflight_records_while_inside_a_section():

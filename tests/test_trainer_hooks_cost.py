@@ -343,7 +343,9 @@ def test_bulk_and_one_by_one_conversion_make_the_same_rows():
     sync = Op("send", group, 1, 3, 0, 64, "bfloat16", 0, t)
     sync.t_done = t + 9
     unseen = Op("recv", group, 1, 3, 1, 64, "bfloat16", 0, t)  # async, never seen completing
-    items = [("S", "forward", "compute", 3, k, t + k, t + 10 * k + 1, None, None) for k in range(3)]
+    # CPU-clock readings at entry and exit (-1: not read, the section's cpu_ns is -1)
+    items = [("S", "forward", "compute", 3, k, t + k, t + 10 * k + 1, None, None, 100 * k if k else -1,
+              107 * k + 3 if k else -1) for k in range(3)]
     items.append(("T", 3, t, t + 100, {"tokens": 8, "loss": 0.25}))
     ops = flat + [("C", sync), ("C", unseen)]
     rows = {}
@@ -356,6 +358,7 @@ def test_bulk_and_one_by_one_conversion_make_the_same_rows():
             assert all(rec._convert(item) for item in ops + items)
         rows[how] = {rt: sorted(batch, key=repr) for rt, batch in rec.rows.items()}
     assert rows["bulk"] == rows["one by one"]
+    assert sorted(r["cpu_ns"] for r in rows["bulk"]["sections"]) == [-1, 10, 17]
     colls = rows["bulk"]["collectives"]
     assert len(colls) == 7 and {c["state"] for c in colls} == {"completed", "started"}
     (started,) = [c for c in colls if c["state"] == "started"]

@@ -124,6 +124,13 @@ _COMM_OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatt
              "reduce_scatter_tensor", "broadcast", "barrier", "send", "recv", "batch_isend_irecv")
 
 
+def _burn_cpu(cpu_s: float) -> None:
+    """Keep this thread busy until it has used ``cpu_s`` more seconds of CPU time."""
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:
+        pass
+
+
 class FaultInjector:
     """The faults that apply to one rank, and the points where the trainer calls them."""
 
@@ -171,9 +178,14 @@ class FaultInjector:
         if rest > 0:
             time.sleep(rest)
 
-    def stretch(self, step: int, section: str, started: float) -> None:
+    def stretch(self, step: int, section: str, started: float, started_cpu: float | None = None) -> None:
         """Make a section's own work F times as long (call at its end with its perf_counter
-        start).
+        start and, for compute on a CPU device, its ``time.thread_time()`` start).
+
+        Compute on a CPU device is stretched with work, not sleep: the thread burns
+        ``(F - 1)`` times the CPU time the section used, as a slow device would (its own
+        work takes longer on the device; a sleeping rank's device would be idle). Data
+        loading, and compute on CUDA (where the device time is the kernels'), sleep.
 
         Own work is the section's wall time minus the time spent in blocking communication
         inside it (a forward pass holds TP all-reduces, which wait for the slowest peer):
@@ -192,6 +204,9 @@ class FaultInjector:
                     import torch
 
                     torch.cuda.synchronize(self.device)
+                elif section == "compute" and started_cpu is not None:
+                    _burn_cpu((time.thread_time() - started_cpu) * (f.get("factor") - 1.0))
+                    continue
                 now = time.perf_counter()
                 waited = sum(max(0.0, min(b, now) - max(a, started)) for a, b in self._comm_spans)
                 self._sleep(max(now - started - waited, 0.0) * (f.get("factor") - 1.0))

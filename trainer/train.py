@@ -156,7 +156,7 @@ def _step(cfg: TrainConfig, step: int, model: GPTStage, params: list, opt: Any,
 
     def forward(mb: int, x: torch.Tensor | None) -> torch.Tensor:
         with hooks.section("forward", microbatch=mb):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             faults.in_forward(step, mb, num_mb)
             sl = slice(mb * mbs, (mb + 1) * mbs)
             y = model(inputs[sl] if model.first else x)
@@ -164,15 +164,15 @@ def _step(cfg: TrainConfig, step: int, model: GPTStage, params: list, opt: Any,
                 loss = model.loss(y, targets[sl])
                 losses.append(loss.detach())
                 y = loss / num_mb
-            faults.stretch(step, "compute", t0)
+            faults.stretch(step, "compute", t0, c0)
         return y
 
     def backward(mb: int, x: torch.Tensor | None, y: torch.Tensor,
                  grad_y: torch.Tensor | None) -> torch.Tensor | None:
         with hooks.section("backward", microbatch=mb):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             torch.autograd.backward(y, grad_tensors=grad_y)
-            faults.stretch(step, "compute", t0)
+            faults.stretch(step, "compute", t0, c0)
         return x.grad if x is not None else None
 
     run_1f1b(pipe, num_mb, groups.topology.stage(groups.rank), cfg.pp, forward, backward)

@@ -188,9 +188,11 @@ class _Section:
             self.mb = mb
         cuda = rec.cuda
         ev0 = None if cuda is None else cuda.event()
+        clock = rec.thread_cpu_ns
+        c0 = -1 if clock is None else clock()
         t0 = perf_ns()
         # one list: the in-flight marker on the stack, then (completed) the queued record
-        item = self.item = ["S", self.name, self.kind, rec.step, mb, t0, -1, ev0, None]
+        item = self.item = ["S", self.name, self.kind, rec.step, mb, t0, -1, ev0, None, c0, -1]
         rec.stack.append(item)
         rec.overhead_ns += t0 - t_in
         return self
@@ -204,6 +206,8 @@ class _Section:
         item[6] = t1
         if rec.cuda is not None:
             item[8] = rec.cuda.event()
+        elif item[9] >= 0:
+            item[10] = rec.thread_cpu_ns()
         stack = rec.stack
         if stack:
             stack.pop()

@@ -29,6 +29,7 @@ BREAKDOWN_COLUMNS = (
     "optimizer_ns",
     "other_ns",
     "untimed_ns",
+    "compute_cpu_ns",
     "wait_caused_ns",
     "num_last_arrivals",
     "num_collectives",
@@ -201,6 +202,10 @@ def rank_step_breakdown(
         for kind in ("compute", "dataloader", "optimizer", "other"):
             if kind in kinds.columns:
                 out = out.join(kinds[kind].rename(f"{kind}_ns"))
+        if "cpu_ns" in sec.columns:  # the compute sections' thread CPU time, where measured
+            cpu = sec[(sec["kind"] == "compute") & (sec["cpu_ns"] >= 0)]
+            if not cpu.empty:
+                out = out.join(cpu.groupby(["rank", "step"])["cpu_ns"].sum().rename("compute_cpu_ns"))
     for col in BREAKDOWN_COLUMNS[2:]:
         if col not in out.columns:
             out[col] = 0

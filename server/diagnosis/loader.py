@@ -53,7 +53,7 @@ GROUP BY step
 """
 
 SECTIONS = """
-SELECT rank, step, microbatch, name, kind, start_ns, end_ns, duration_ns
+SELECT rank, step, microbatch, name, kind, start_ns, end_ns, duration_ns, cpu_ns
 FROM sections
 WHERE job = {job:String} AND attempt = {attempt:Int32}
   AND step >= {from_step:Int64} AND step <= {to_step:Int64}

@@ -106,7 +106,7 @@ ex AS MATERIALIZED (  -- each op's communication not already covered by the rank
 RANK_STEP_SQL = f"""
 WITH {_ARRIVALS},
 s0 AS (
-  SELECT rank, step, microbatch, name, kind, start_ns, end_ns, duration_ns FROM sections
+  SELECT rank, step, microbatch, name, kind, start_ns, end_ns, duration_ns, cpu_ns FROM sections
   WHERE {_RANGE}
   LIMIT 1 BY rank, step, microbatch, name, start_ns
 ),
@@ -116,7 +116,7 @@ s1 AS (
          row_number() OVER (PARTITION BY rank ORDER BY start_ns ASC, end_ns DESC) AS rn
   FROM s0
 ),
-top AS (SELECT rank, step, microbatch, name, kind, start_ns, end_ns, duration_ns FROM s1
+top AS (SELECT rank, step, microbatch, name, kind, start_ns, end_ns, duration_ns, cpu_ns FROM s1
         WHERE NOT (rn > 1 AND end_ns <= prev_end)),
 nested AS (
   SELECT t.rank AS rank, t.start_ns AS start_ns, t.name AS name, t.microbatch AS microbatch,
@@ -130,6 +130,7 @@ sec AS (
   SELECT t.rank AS rank, t.step AS step,
          sumIf(net, t.kind = 'compute') AS compute_ns, sumIf(net, t.kind = 'dataloader') AS dataloader_ns,
          sumIf(net, t.kind = 'optimizer') AS optimizer_ns, sumIf(net, t.kind = 'other') AS other_ns,
+         sumIf(t.cpu_ns, t.kind = 'compute' AND t.cpu_ns >= 0) AS compute_cpu_ns,
          sumMapIf([mb], [net], t.name = 'forward') AS fwd_, sumMapIf([mb], [net], t.name = 'backward') AS bwd_,
          fwd_.1 AS fwd_k, fwd_.2 AS fwd_v, bwd_.1 AS bwd_k, bwd_.2 AS bwd_v
   FROM (SELECT t.*, greatest(t.duration_ns - n.nested_ns, 0) AS net,
@@ -159,7 +160,7 @@ SELECT st.rank AS rank, st.step AS step, st.step_ns AS step_ns,
        ra.num_last_arrivals AS num_last_arrivals, ra.lateness_med_ns AS lateness_med_ns,
        caused.wait_caused_ns AS wait_caused_ns, caused.caused_k AS caused_k, caused.caused_v AS caused_v,
        sec.compute_ns AS compute_ns, sec.dataloader_ns AS dataloader_ns,
-       sec.optimizer_ns AS optimizer_ns, sec.other_ns AS other_ns,
+       sec.optimizer_ns AS optimizer_ns, sec.other_ns AS other_ns, sec.compute_cpu_ns AS compute_cpu_ns,
        sec.fwd_k AS fwd_k, sec.fwd_v AS fwd_v, sec.bwd_k AS bwd_k, sec.bwd_v AS bwd_v
 FROM st
 LEFT JOIN ra ON st.rank = ra.rank AND st.step = ra.step
@@ -206,7 +207,7 @@ def _parts(sql: str, select_start: str) -> tuple[str, str]:
 
 _RS_COLS = ("rank", "step", "step_ns", "comm_ns", "wait_ns", "num_collectives", "num_last_arrivals",
             "lateness_med_ns", "wait_caused_ns", "caused_k", "caused_v", "compute_ns", "dataloader_ns",
-            "optimizer_ns", "other_ns", "fwd_k", "fwd_v", "bwd_k", "bwd_v")
+            "optimizer_ns", "other_ns", "compute_cpu_ns", "fwd_k", "fwd_v", "bwd_k", "bwd_v")
 _GS_COLS = ("group_id", "axis", "step", "gt_transfer_ns", "op_transfer_ns", "num_ops", "bytes", "transfer_ns")
 _RS_DEFAULTS = {"lateness_med_ns": "0.", "caused_k": "[]", "caused_v": "[]", "fwd_k": "[]", "fwd_v": "[]",
                 "bwd_k": "[]", "bwd_v": "[]"}
@@ -325,7 +326,7 @@ QUERIES: dict[str, str] = {
 """Named diagnosis queries (a remote worker sends the name, never SQL text)."""
 
 INT_COLS = ("step_ns", "comm_ns", "wait_ns", "num_collectives", "num_last_arrivals", "wait_caused_ns",
-            "compute_ns", "dataloader_ns", "optimizer_ns", "other_ns")
+            "compute_ns", "dataloader_ns", "optimizer_ns", "other_ns", "compute_cpu_ns")
 
 
 @dataclass

@@ -45,12 +45,22 @@ COMPONENT_KIND = {
     "dataloader_ns": FindingKind.SLOW_DATALOADER,
     "untimed_ns": FindingKind.LATE_ARRIVAL,
     "other_ns": FindingKind.LATE_ARRIVAL,
+    "compute_cpu_ns": FindingKind.SLOW_COMPUTE,
 }
-MEASURED = ("compute_ns", "dataloader_ns", "optimizer_ns", "untimed_ns")
+MEASURED = ("compute_ns", "dataloader_ns", "optimizer_ns", "untimed_ns", "compute_cpu_ns")
 """Components tested on their own (``other_ns`` - e.g. a gradient-sync section net of
-its communication - is too small and noisy to judge alone)."""
+its communication - is too small and noisy to judge alone). ``compute_cpu_ns`` (the
+compute sections' thread CPU time, measured where the device is the CPU) only where some
+rank has it."""
+CPU_COMPONENT = "compute_cpu_ns"
+"""Compute measured by the CPU time of the thread that ran it: the same component as
+``compute_ns`` on a clock that the time a rank waited for a core or for its peers does
+not move (a CPU device's counterpart of CUDA-event device time). Where it names the rank,
+a compute finding's ``factor`` is read from it; whether the excess is material is judged
+on the wall-clock compute excess, which is what the step pays."""
 COMPONENT_NAME = {
     "compute_ns": "compute",
+    "compute_cpu_ns": "compute (CPU time)",
     "optimizer_ns": "optimizer",
     "dataloader_ns": "data loading",
     "untimed_ns": "untimed host work",
@@ -288,6 +298,8 @@ def detect_stragglers(
         Findings, strongest first.
     """
     hosts = hosts or {}
+    if CPU_COMPONENT not in breakdown.columns:  # a frame from before the CPU clock: not measured
+        breakdown = breakdown.assign(**{CPU_COMPONENT: 0})
     bd = _window(breakdown[breakdown["rank"].between(0, topo.world_size - 1)], config.window_steps)
     steps = sorted(bd["step"].unique().tolist())
     if len(steps) < config.min_steps:
@@ -304,7 +316,9 @@ def detect_stragglers(
     sigma = max(mad, 1e-3)  # the MAD's scale alone (the thresholds' and evidence's sigma)
     k = min(config.recent_steps, len(steps))
     thr = max(math.log1p(config.min_effect), config.z * MEDIAN_SE_FACTOR * sigma / math.sqrt(k))
-    num_tests = 1 + len(MEASURED)  # own work and each measured component: C of the Bonferroni
+    comps = {c: grid.matrix(c) for c in COMPONENT_KIND}
+    measured = [c for c in MEASURED if c != CPU_COMPONENT or comps[c].any()]
+    num_tests = 1 + len(measured)  # own work and each measured component: C of the Bonferroni
     pooled, row = _robust_sigma(lr, centre, mad), _row_sigma(lr)
     persistent, score_busy, run_busy = _scan(lr, pooled, config, row, pooled)
     cus: dict[str, CusumResult] = {"busy_ns": cusum(lr, pooled, num_tests, topo.world_size, config.cusum, row,
@@ -321,7 +335,6 @@ def detect_stragglers(
     persistent &= busy_ex >= np.maximum(config.min_effect * _tail_medians(ref, run_n),
                                         config.min_step_frac * step_ns)
 
-    comps = {c: grid.matrix(c) for c in COMPONENT_KIND}
     comp_refs = {c: _reference(m, stage_groups) for c, m in comps.items()}
     # a component can be significant on its own while the busy total is too noisy to show
     # it (a slow data loader inside a long step): same test, plus a materiality floor
@@ -329,7 +342,7 @@ def detect_stragglers(
     comp_score: dict[str, np.ndarray] = {}
     comp_run: dict[str, np.ndarray] = {}
     comp_lr: dict[str, np.ndarray] = {}
-    for c in MEASURED:
+    for c in measured:
         lr_c = _log_ratio(comps[c], comp_refs[c])
         comp_lr[c] = lr_c
         centre_c = np.median(lr_c)
@@ -340,6 +353,8 @@ def detect_stragglers(
         top = _top_test(comps[c], groups, config)
         run = np.where(hit, run, np.where(top, min(config.top_steps, len(steps)), k))
         ex_c = _tail_medians(comps[c] - comp_refs[c], run)
+        if c == CPU_COMPONENT:  # what the step pays: the wall-clock compute excess, if larger
+            ex_c = np.maximum(ex_c, _tail_medians(comps["compute_ns"] - comp_refs["compute_ns"], run))
         material = np.maximum(config.min_effect * _tail_medians(ref, run), config.min_step_frac * step_ns)
         comp_hit[c] = (hit | top) & (ex_c >= material)
         comp_score[c], comp_run[c] = sc, run
@@ -372,15 +387,19 @@ def detect_stragglers(
                 first = steps[int(seq.onset[i])]
             # the magnitudes are measured over the steps since the onset (not before it)
             n = max(len(steps) - steps.index(first), min(config.scan_min_steps, len(steps)))
-            ex = {c: float(np.median(comps[c][i, -n:] - comp_refs[c][i, -n:])) for c in COMPONENT_KIND}
+            ex = {c: float(np.median(comps[c][i, -n:] - comp_refs[c][i, -n:])) for c in COMPONENT_KIND
+                  if c != CPU_COMPONENT or c in measured}
             pick = ex if persistent[i] else {c: ex[c] for c in hits}
             comp = max(pick, key=lambda c: pick[c])
+            if comp == "compute_ns" and CPU_COMPONENT in hits:  # the same work on the steadier clock
+                comp = CPU_COMPONENT
             kind = COMPONENT_KIND[comp]
             score = float(score_busy[i]) if persistent[i] else float(max(comp_score[c][i] for c in hits))
             excess_ns = float(np.median(busy[i, -n:] - ref[i, -n:]))
             factor = _factor(comps[comp][i, -n:], comp_refs[comp][i, -n:])
             busy_factor = _factor(busy[i, -n:], ref[i, -n:])
-            base = _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, sigma, thr)
+            base = _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, sigma, thr,
+                                  measured)
             base.update(evidence.get(r, {}))
             base["significant_components"] = [c[:-3] for c in hits]
             base.update(component=COMPONENT_NAME[comp], factor=round(factor, 3),
@@ -399,7 +418,8 @@ def detect_stragglers(
             spike_steps = [steps[j] for j in np.nonzero(lr[i] > spike_thr[i])[0]]
             pause_ns = float(np.median((busy[i] - ref[i])[lr[i] > spike_thr[i]]))
             mean_cost = pause_ns * spikes[i] / len(steps) / max(step_ns, 1.0)
-            base = _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, k, sigma, thr)
+            base = _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, k, sigma, thr,
+                                  measured)
             base.update(evidence.get(r, {}))
             findings.append(_finding(
                 job, FindingKind.GC_PAUSE, [r], float(spikes[i] / max(config.min_spikes, 1)),
@@ -567,7 +587,7 @@ def _summary(topo: Topology, rank: int, component: str, factor: float, slowdown:
             f"job ~{slowdown:.0%} slower")
 
 
-def _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, sigma, thr) -> dict:
+def _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, sigma, thr, measured) -> dict:
     excess_ns = float(np.median(busy[i, -n:] - ref[i, -n:]))
     return {
         "busy_ms": round(float(np.median(busy[i, -n:])) / 1e6, 3),
@@ -579,7 +599,7 @@ def _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, si
         "peers": [ranks[j] for j in groups[topo.stage(r)] if j != i],
         "components_excess_ms": {
             c[:-3]: round(float(np.median(comps[c][i, -n:] - comp_refs[c][i, -n:])) / 1e6, 3)
-            for c in COMPONENT_KIND
+            for c in COMPONENT_KIND if c != CPU_COMPONENT or c in measured
         },
     }
 

@@ -529,6 +529,14 @@ def schema_v6_statements(ttl_days: int) -> list[str]:
     ]
 
 
+def schema_v7_statements(ttl_days: int) -> list[str]:
+    """Store schema version 7: ``sections.cpu_ns``, the CPU time of the thread that ran a
+    section (the hooks measure it where the device is the CPU: the CPU's counterpart of a
+    CUDA event's device time, untouched by the time the rank waited for a core)."""
+    del ttl_days
+    return added_columns(7)
+
+
 def schema_v1_statements(ttl_days: int) -> list[str]:
     """Every statement of store schema version 1, in dependency order (idempotent)."""
     stmts = [create_record_table(rt, ttl_days) for rt in RECORD_TYPES.values()]

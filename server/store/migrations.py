@@ -44,6 +44,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "heartbeats say up to when each rank's records are acknowledged", ddl.schema_v4_statements),
     Migration(5, "each rank process's heartbeat state kept at insert time", ddl.schema_v5_statements),
     Migration(6, "each rank's newest work per group kept at insert time", ddl.schema_v6_statements),
+    Migration(7, "sections carry the CPU time of the thread that ran them", ddl.schema_v7_statements),
 )
 
 

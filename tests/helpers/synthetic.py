@@ -66,6 +66,9 @@ class SynthJob:
     link_factor: Callable[[str, int], float] = lambda gid, step: 1.0
     job: str = "synth"
     t0_ns: int = T0
+    cpu_clock: bool = False
+    """Sections carry ``cpu_ns`` (4/5 of their wall time, as the hooks measure it on a CPU
+    device); False: -1, not measured (a GPU job)."""
 
     def model(self) -> StepModel:
         """The step model with this job's durations (no persistent per-rank speed spread:
@@ -122,7 +125,8 @@ class SynthJob:
             **self._ident(c["rank"]), "step": c["step"].astype(np.int64),
             "microbatch": c["microbatch"].astype(np.int64),
             "name": np.array(SECTIONS, dtype=object)[name], "kind": np.array(SECTION_KINDS, dtype=object)[name],
-            "start_ns": start, "end_ns": end, "duration_ns": end - start, "device_ns": np.full(start.size, -1)},
+            "start_ns": start, "end_ns": end, "duration_ns": end - start, "device_ns": np.full(start.size, -1),
+            "cpu_ns": (end - start) * 4 // 5 if self.cpu_clock else np.full(start.size, -1)},
             columns=list(SECTION_COLUMNS))  # fmt: skip
 
     def _collectives(self, c: dict[str, np.ndarray], names: list[str]) -> pd.DataFrame:
@@ -155,7 +159,7 @@ class SynthJob:
 
 
 SECTION_COLUMNS = ("job", "attempt", "rank", "host", "step", "microbatch", "name", "kind", "start_ns", "end_ns",
-                   "duration_ns", "device_ns")
+                   "duration_ns", "device_ns", "cpu_ns")
 COLLECTIVE_COLUMNS = ("job", "attempt", "rank", "host", "step", "microbatch", "group_id", "axis", "group_rank",
                       "group_size", "seq", "op", "bytes", "dtype", "peer", "state", "enqueued_ns", "started_ns",
                       "completed_ns", "duration_ns")
