@@ -335,7 +335,7 @@ def detect_stragglers(
     persistent &= busy_ex >= np.maximum(config.min_effect * _tail_medians(ref, run_n),
                                         config.min_step_frac * step_ns)
 
-    comp_refs = {c: _reference(m, stage_groups) for c, m in comps.items()}
+    comp_refs = {c: _reference(m, stage_groups) for c, m in comps.items() if c != CPU_COMPONENT or c in measured}
     # a component can be significant on its own while the busy total is too noisy to show
     # it (a slow data loader inside a long step): same test, plus a materiality floor
     comp_hit: dict[str, np.ndarray] = {}
