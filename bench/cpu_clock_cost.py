@@ -34,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _cli import add_sim_store_args, check_sim_store_args  # noqa: E402  (a sibling: bench/ is on sys.path)
+from _shared import breakdown_frame, interleaved  # noqa: E402
 
 CPU_EDITS = (
     (", duration_ns, cpu_ns FROM sections", ", duration_ns FROM sections"),
@@ -87,13 +88,8 @@ def reduction(args: argparse.Namespace) -> tuple[list[float], bool]:
         last = args.steps - 2  # the newest complete step (the last one stored is in progress)
         for step in range(last - args.marks + 1, last + 1):
             p = {"job": JOB, "attempt": 0, "from_step": step, "to_step": step, "num_mb": args.microbatches}
-            times: dict[str, list[float]] = {"prev": [], "cur": []}
-            got = {}
-            for i in range(args.repeat):
-                for kind in (("prev", "cur") if i % 2 == 0 else ("cur", "prev")):
-                    a = time.perf_counter()
-                    got[kind] = store.query_df(prev if kind == "prev" else cur, p)
-                    times[kind].append(time.perf_counter() - a)
+            times, got = interleaved({"prev": lambda p=p: store.query_df(prev, p),
+                                      "cur": lambda p=p: store.query_df(cur, p)}, args.repeat)
             ok = len(got["cur"]) > 0 and _canon(got["prev"]).equals(_canon(got["cur"]))
             ok &= "compute_cpu_ns" in got["cur"] and bool((got["cur"]["compute_cpu_ns"] == 0).all())
             same &= ok
@@ -108,35 +104,19 @@ def reduction(args: argparse.Namespace) -> tuple[list[float], bool]:
 
 def detector(args: argparse.Namespace) -> tuple[float, float]:
     import pandas as pd
-    from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
     from fleetscope.server.diagnosis.stragglers import detect_stragglers
 
     from fleetscope.topology import Topology
 
     topo = Topology(dp=args.world // 64, tp=8, pp=8)
-    n, steps, ms = topo.world_size, 24, 1e6
+    n, steps = topo.world_size, 24
     rng = np.random.default_rng(0)
-    comp = 30 * ms * np.exp(0.3 * rng.standard_normal((n, steps)))
-    cpu = 8 * ms * np.exp(0.05 * rng.standard_normal((n, steps)))
-    dl = 5 * ms * (1 + rng.exponential(0.3, (n, steps)))
-    opt = 4 * ms * np.exp(0.1 * rng.standard_normal((n, steps)))
-    unt = 1 * ms * np.exp(0.3 * rng.standard_normal((n, steps)))
-    busy = comp + dl + opt + unt
-    step = np.broadcast_to(busy.max(axis=0) * 1.5, (n, steps))
-    rk, st = np.meshgrid(np.arange(n), np.arange(steps), indexing="ij")
-    gpu = pd.DataFrame({"rank": rk.ravel(), "step": st.ravel(), "step_ns": step.ravel(),
-                        "comm_ns": (step - busy).ravel(), "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(),
-                        "compute_ns": comp.ravel(), "dataloader_ns": dl.ravel(), "optimizer_ns": opt.ravel(),
-                        "other_ns": 0.0, "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0,
-                        "num_collectives": 10, "compute_cpu_ns": 0.0})[list(BREAKDOWN_COLUMNS)]
+    comp = 30e6 * np.exp(0.3 * rng.standard_normal((n, steps)))
+    cpu = 8e6 * np.exp(0.05 * rng.standard_normal((n, steps)))
+    gpu = breakdown_frame(comp, rng)
     frames = {"gpu": gpu, "cpu": gpu.assign(compute_cpu_ns=cpu.ravel())}
-    times: dict[str, list[float]] = {"gpu": [], "cpu": []}
-    found = {}
-    for i in range(args.repeat):
-        for kind in (("gpu", "cpu") if i % 2 == 0 else ("cpu", "gpu")):
-            a = time.perf_counter()
-            found[kind] = detect_stragglers("bench", topo, frames[kind], pd.DataFrame())
-            times[kind].append(time.perf_counter() - a)
+    times, found = interleaved({k: lambda f=f: detect_stragglers("bench", topo, f, pd.DataFrame())
+                                for k, f in frames.items()}, args.repeat)
     tg, tc = float(np.median(times["gpu"])), float(np.median(times["cpu"]))
     print(f"detector (detect_stragglers, {steps}-step window), {n:,} ranks: GPU job (no CPU stream) p50 {tg:.3f} s, "
           f"CPU-device job (one more stream) p50 {tc:.3f} s, ratio {tc / tg:.3f}; findings "

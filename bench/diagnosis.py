@@ -811,7 +811,7 @@ def detector_timing(world: int = 12_288, steps: int = 32, repeat: int = 3) -> in
     straggler is not the only finding."""
     import numpy as np
     import pandas as pd
-    from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
+    from _shared import breakdown_frame  # a sibling: bench/ is on sys.path
     from fleetscope.server.diagnosis.stragglers import detect_stragglers
 
     from fleetscope.topology import Topology
@@ -824,17 +824,7 @@ def detector_timing(world: int = 12_288, steps: int = 32, repeat: int = 3) -> in
     phase[steps // 3: 2 * steps // 3] = 2.0
     comp = 30e6 * np.exp(sig * rng.standard_normal((world, steps))) * phase
     comp[1001 % world, steps // 4:] *= 1.2
-    dl = 5e6 * (1 + rng.exponential(0.3, (world, steps))) * phase
-    opt = 4e6 * np.exp(0.1 * rng.standard_normal((world, steps))) * phase
-    unt = 1e6 * np.exp(0.3 * rng.standard_normal((world, steps)))
-    busy = comp + dl + opt + unt
-    step = np.broadcast_to(busy.max(axis=0) * 1.5, (world, steps))
-    rk, st = np.meshgrid(np.arange(world), np.arange(steps), indexing="ij")
-    bd = pd.DataFrame({"rank": rk.ravel(), "step": st.ravel(), "step_ns": step.ravel(),
-                       "comm_ns": (step - busy).ravel(), "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(),
-                       "compute_ns": comp.ravel(), "dataloader_ns": dl.ravel(), "optimizer_ns": opt.ravel(),
-                       "other_ns": 0.0, "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0,
-                       "num_collectives": 10})[list(BREAKDOWN_COLUMNS)]
+    bd = breakdown_frame(comp, rng, phase)
     times, found = [], []
     for _ in range(max(repeat, 1)):
         t = time.perf_counter()

@@ -32,6 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _cli import add_sim_store_args, check_sim_store_args  # noqa: E402  (a sibling: bench/ is on sys.path)
+from _shared import interleaved  # noqa: E402
 
 PREVIOUS_ARR = """arr0 AS (
   SELECT rank, step, group_id, axis, seq, op, bytes, enqueued_ns, comm_ns, wait_ns, lateness_ns,
@@ -105,13 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             raw = sum(store.query_rows(f"SELECT count() AS n FROM {t} WHERE job = {{job:String}} "
                                        "AND step = {s:Int64}", {"job": JOB, "s": step})[0]["n"]
                       for t in ("collectives", "sections"))
-            times: dict[str, list[float]] = {"prev": [], "cur": []}
-            got = {}
-            for i in range(args.repeat):
-                for kind in (("prev", "cur") if i % 2 == 0 else ("cur", "prev")):
-                    a = time.perf_counter()
-                    got[kind] = store.query_df(prev if kind == "prev" else cur, p)
-                    times[kind].append(time.perf_counter() - a)
+            times, got = interleaved({"prev": lambda p=p: store.query_df(prev, p),
+                                      "cur": lambda p=p: store.query_df(cur, p)}, args.repeat)
             ok = len(got["cur"]) > 0 and _canon(got["prev"]).equals(_canon(got["cur"]))
             same &= ok
             tp, tc = float(np.median(times["prev"])), float(np.median(times["cur"]))
