@@ -535,3 +535,19 @@ def test_cpu_time_names_a_1_2x_compute_straggler_that_wall_noise_hides():
         assert detect_stragglers("t", topo, _cpu_clock_frame(topo, seed, None), pd.DataFrame()) == []
         wall_only = _cpu_clock_frame(topo, seed, (5, 1.2, 12)).assign(compute_cpu_ns=0)
         assert detect_stragglers("t", topo, wall_only, pd.DataFrame()) == []
+
+
+def test_a_rank_that_waits_for_a_core_is_told_by_the_wall_clock():
+    """A rank whose wall-clock compute is 2.5x its peers' while its CPU clock is not (it
+    was descheduled, or slept: no more work) is named on the wall clock, with the wall
+    clock's factor: the CPU clock reports a finding only where it shows the excess too."""
+    topo = Topology(dp=2, tp=2, pp=2)
+    for seed in range(3):
+        bd = _cpu_clock_frame(topo, seed, None)
+        hit = ((bd["rank"] == 5) & (bd["step"] >= 12)).to_numpy()
+        bd.loc[hit, "busy_ns"] += 1.5 * bd.loc[hit, "compute_ns"]
+        bd.loc[hit, "compute_ns"] *= 2.5
+        found = detect_stragglers("t", topo, bd, pd.DataFrame())
+        assert [(f.kind, f.ranks) for f in found] == [(FindingKind.SLOW_COMPUTE, (5,))], seed
+        # the wall clock's noise here is 0.5 per step: its factor is that loose
+        assert found[0].component == "compute" and found[0].factor == pytest.approx(2.5, rel=0.35), seed

@@ -391,7 +391,12 @@ def detect_stragglers(
                   if c != CPU_COMPONENT or c in measured}
             pick = ex if persistent[i] else {c: ex[c] for c in hits}
             comp = max(pick, key=lambda c: pick[c])
-            if comp == "compute_ns" and CPU_COMPONENT in hits:  # the same work on the steadier clock
+            if comp == "compute_ns" and CPU_COMPONENT in measured and (
+                    CPU_COMPONENT in hits
+                    or _factor(comps[CPU_COMPONENT][i, -n:], comp_refs[CPU_COMPONENT][i, -n:])
+                    >= 1 + config.min_effect):
+                # the same work on the steadier clock, where that clock shows the excess too
+                # (where it does not, the rank waited for a core: the wall clock tells it)
                 comp = CPU_COMPONENT
             kind = COMPONENT_KIND[comp]
             score = float(score_busy[i]) if persistent[i] else float(max(comp_score[c][i] for c in hits))
