@@ -113,7 +113,7 @@ def test_straggler_sections_take_about_factor_times_longer(slow_job):
     # On a CPU device compute is stretched with work: the thread burns (F - 1)x the CPU
     # time the section used, so the sections' thread CPU time (``cpu_ns``) is F x its
     # peers', whatever the machine's load (the peers' own compute is the same work), and
-    # a little more: after each burn the rank's own compute runs from cooler caches (the
+    # a little more (probably its own compute running from caches the burn cooled; the
     # suite's factors read 1.04-1.09x the injected one; 3.52 for 3x was seen once in a
     # full CI run)
     cpu = {(s["rank"], s["name"], s["step"], s["microbatch"]): s["cpu_ns"]
