@@ -511,6 +511,8 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
         agent.wait(20)
     except subprocess.TimeoutExpired:
         os.killpg(agent.pid, signal.SIGKILL)
+    # what the server said, for reading after the run (kept with --keep)
+    (work / f"incidents-{tag}.json").write_text(json.dumps(items, indent=1))
     res.kinds = sorted({i["kind"] for i in items})
     res.extra_kinds = sorted(set(res.kinds) - expect)
     res.straggler_findings = [(i["kind"], i["ranks"], i["group_id"]) for i in items if i["kind"] in STRAGGLER]

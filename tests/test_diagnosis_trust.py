@@ -4,6 +4,7 @@ stickiness and the corrected culprit paging once."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -502,14 +503,15 @@ def test_1_2x_straggler_in_40pct_noise_is_named_with_its_factor_and_clean_twins_
     assert sorted(delays)[len(delays) // 2] <= 30 and max(delays) <= 40, delays
 
 
-def _cpu_clock_frame(topo: Topology, seed: int, slow: tuple[int, float, int] | None) -> pd.DataFrame:
+def _cpu_clock_frame(topo: Topology, seed: int, slow: tuple[int, float, int] | None,
+                     cpu_noise: float = 0.05) -> pd.DataFrame:
     """A small CPU-device job as this machine runs one (more ranks than cores): wall-clock
     compute with per-step log noise 0.5 (each rank waits for a core at random), the same
     compute's thread CPU time with noise 0.05; ``slow`` = (rank, factor, from step) makes
     that rank's work ``factor`` x as long, on both clocks."""
     bd = _frame(topo, 32, 0.5, seed, noisy_ranks=())
     rng = np.random.default_rng(seed + 100)
-    cpu = 8 * MS * np.exp(0.05 * rng.standard_normal(len(bd)))
+    cpu = 8 * MS * np.exp(cpu_noise * rng.standard_normal(len(bd)))
     if slow:
         r, factor, s0 = slow
         hit = ((bd["rank"] == r) & (bd["step"] >= s0)).to_numpy()
@@ -551,3 +553,53 @@ def test_a_rank_that_waits_for_a_core_is_told_by_the_wall_clock():
         assert [(f.kind, f.ranks) for f in found] == [(FindingKind.SLOW_COMPUTE, (5,))], seed
         # the wall clock's noise here is 0.5 per step: its factor is that loose
         assert found[0].component == "compute" and found[0].factor == pytest.approx(2.5, rel=0.35), seed
+
+
+def test_factor_interval_says_how_little_a_few_steps_tell():
+    """A finding's factor comes with a 95% interval (``evidence.factor_interval``) from
+    the component's noise and the number of steps it was judged on: over seeds it holds
+    the injected factor, and one judged on few steps is wider than one judged on many (a
+    1.6x straggler on a CPU clock with per-step noise 0.3: on a loaded 2-core host a first
+    finding judged on 3 steps read 1.79)."""
+    topo = Topology(dp=2, tp=2, pp=2)
+    widths: dict[int, list[float]] = {}
+    covered = named = 0
+    for onset in (8, 20):
+        for seed in range(16):
+            found = detect_stragglers("t", topo, _cpu_clock_frame(topo, seed, (5, 1.6, onset), cpu_noise=0.3),
+                                      pd.DataFrame())
+            mine = [f for f in found if f.ranks == (5,)]
+            if not mine:
+                continue
+            f = mine[0]
+            lo, hi = f.evidence["factor_interval"]
+            assert lo < f.factor < hi, f.evidence
+            named += 1
+            covered += lo <= 1.6 <= hi
+            widths.setdefault(onset, []).append(hi / lo)
+    assert named >= 20 and covered >= 0.9 * named, (named, covered)
+    assert np.median(widths[20]) > np.median(widths[8]) * 1.1, widths
+    # a quiet job's interval is tight: the figure is then as good as it looks
+    quiet = detect_stragglers("t", topo, _cpu_clock_frame(topo, 0, (5, 1.6, 12)), pd.DataFrame())[0]
+    lo, hi = quiet.evidence["factor_interval"]
+    assert lo <= 1.6 <= hi and hi / lo < 1.15, quiet.evidence
+
+
+def test_a_small_finding_on_the_big_ones_host_is_its_side_effect_even_where_the_whatif_reads_0():
+    """A data-loader stall on rank 2 (dp4 x pp2, all ranks on one host) once came with a
+    late arrival on rank 5, which shares no group with rank 2 but shares its host's CPUs
+    (CI, 2026-12-05). The cost compared is the larger of the what-if and the measured
+    excess over the step: a primary whose what-if reads 0 still owns its side effects."""
+    topo = Topology(dp=4, tp=1, pp=2)
+    ev = {"excess_ms": 200.0, "step_ms": 400.0}
+    big = _f(FindingKind.SLOW_DATALOADER, [2], est_slowdown=0.0, hosts=("h0",), evidence=ev)
+    late = _f(FindingKind.LATE_ARRIVAL, [5], est_slowdown=0.0, hosts=("h0",),
+              evidence={"excess_ms": 8.0, "step_ms": 400.0})
+    out = fold_secondary([big, late], topo)
+    assert [f.ranks for f in out] == [(2,)] and out[0].evidence["secondary"][0]["ranks"] == [5]
+    # on another host and in no group of rank 2's, it is a finding of its own
+    elsewhere = replace(late, hosts=("h1",))
+    assert fold_secondary([big, elsewhere], topo) == [big, elsewhere]
+    # of a size with the big one: two faults, not one
+    peer = replace(late, evidence={"excess_ms": 120.0, "step_ms": 400.0})
+    assert fold_secondary([big, peer], topo) == [big, peer]

@@ -12,10 +12,14 @@ arrival, slow link) and moves into the primary's ``evidence["secondary"]``:
   it (every rank slowed alike, or no straggler found);
 * GC-like pauses on a rank that shares a TP, PP or DP group with a primary's culprit
   (it waits on the culprit), or on any rank while the job hangs;
-* a straggler finding on a rank that shares a TP, PP or DP group with a primary whose
-  estimated cost is at least :data:`SIDE_EFFECT_RATIO` times its own (a stalled data
+* a straggler finding on a rank that shares a TP, PP or DP group, or a host, with a
+  primary whose cost is at least :data:`SIDE_EFFECT_RATIO` times its own (a stalled data
   loader makes its group's peers compute while it sleeps; on shared CPUs they then
-  compute slower): a side effect of the big one, not a second fault;
+  compute slower, and a co-located rank's untimed host work stretches): a side effect of
+  the big one, not a second fault. A finding's cost is the larger of its what-if
+  ``est_slowdown`` and its measured excess over the step time (``evidence.excess_ms``,
+  or a link's ``excess_ms_per_step``, over ``evidence.step_ms``): the what-if can read ~0 where it misses (a pipeline it models
+  as absorbing the delay), while the excess was measured;
 * GPU clock throttling on a primary's culprit (the likely cause: the summary says so).
   Other hardware errors (XID, ECC, NIC flaps) stay findings of their own: they page.
 
@@ -35,6 +39,18 @@ PRIMARY_KINDS = frozenset({FindingKind.SLOW_COMPUTE, FindingKind.SLOW_DATALOADER
 THROTTLE_METRIC = "gpu.throttle_reasons"
 SIDE_EFFECT_RATIO = 4.0
 """A neighbour's straggler finding costing less than 1/4 of a primary's is its side effect."""
+
+
+def _cost(f: Finding) -> float:
+    """What a straggler finding costs the job: the larger of its what-if and its measured
+    excess per step over the step time."""
+    ev = f.evidence or {}
+    try:
+        excess = ev.get("excess_ms", ev.get("excess_ms_per_step", 0.0))
+        measured = float(excess) / float(ev.get("step_ms", 0.0))
+    except (TypeError, ValueError, ZeroDivisionError):
+        measured = 0.0
+    return max(f.est_slowdown, measured if measured == measured else 0.0, 0.0)
 
 
 def _neighbours(topo: Topology | None, ranks: tuple[int, ...]) -> set[int]:
@@ -74,11 +90,13 @@ def fold_secondary(findings: list[Finding], topo: Topology | None = None) -> lis
         drop.add(id(f))
 
     strongest = max(primaries, key=lambda f: (f.est_slowdown, f.score)) if primaries else hang
+    cost = {id(f): _cost(f) for f in primaries}
     for f in primaries:  # small stragglers next to a big one
-        big = next((p for p in sorted(primaries, key=lambda p: -p.est_slowdown)
-                    if p is not f and id(p) not in drop and p.est_slowdown > 0
-                    and p.est_slowdown >= SIDE_EFFECT_RATIO * max(f.est_slowdown, 1e-4)
-                    and set(f.ranks[:1]) & _neighbours(topo, p.ranks[:1])), None)
+        big = next((p for p in sorted(primaries, key=lambda p: -cost[id(p)])
+                    if p is not f and id(p) not in drop and cost[id(p)] > 0
+                    and cost[id(p)] >= SIDE_EFFECT_RATIO * max(cost[id(f)], 1e-4)
+                    and (set(f.ranks[:1]) & _neighbours(topo, p.ranks[:1]) or set(f.hosts) & set(p.hosts))),
+                   None)
         if big is not None:
             attach(big, f)
     primaries = [p for p in primaries if id(p) not in drop]

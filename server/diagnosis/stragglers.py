@@ -342,11 +342,13 @@ def detect_stragglers(
     comp_score: dict[str, np.ndarray] = {}
     comp_run: dict[str, np.ndarray] = {}
     comp_lr: dict[str, np.ndarray] = {}
+    comp_sigma: dict[str, np.ndarray] = {}  # per rank: step-to-step noise of its log ratio
     for c in measured:
         lr_c = _log_ratio(comps[c], comp_refs[c])
         comp_lr[c] = lr_c
         centre_c = np.median(lr_c)
         pooled, row = _robust_sigma(lr_c, centre_c), _row_sigma(lr_c)
+        comp_sigma[c] = row
         hit, sc, run = _scan(lr_c, pooled, config, row, pooled)
         cus[c] = cusum(lr_c, pooled, num_tests, topo.world_size, config.cusum, row, float(centre_c))
         hit, sc, run = _with_cusum(hit, sc, run, cus[c])
@@ -402,13 +404,18 @@ def detect_stragglers(
             score = float(score_busy[i]) if persistent[i] else float(max(comp_score[c][i] for c in hits))
             excess_ns = float(np.median(busy[i, -n:] - ref[i, -n:]))
             factor = _factor(comps[comp][i, -n:], comp_refs[comp][i, -n:])
+            if comp not in comp_sigma:  # own work's pick of a component not tested alone
+                comp_sigma[comp] = _row_sigma(_log_ratio(comps[comp], comp_refs[comp]))
+            lo, hi = _factor_interval(factor, comp_sigma[comp], i, n)
             busy_factor = _factor(busy[i, -n:], ref[i, -n:])
             base = _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, sigma, thr,
                                   measured)
             base.update(evidence.get(r, {}))
             base["significant_components"] = [c[:-3] for c in hits]
             base.update(component=COMPONENT_NAME[comp], factor=round(factor, 3),
+                        factor_interval=[round(lo, 3), round(hi, 3)],
                         own_work_factor=round(busy_factor, 3), judged_steps=n,
+                        step_ms=round(step_ns / 1e6, 3),
                         component_ms=round(float(np.median(comps[comp][i, -n:])) / 1e6, 3),
                         peer_component_ms=round(float(np.median(comp_refs[comp][i, -n:])) / 1e6, 3),
                         waiting_peers=waiting.get(r, []),
@@ -586,6 +593,24 @@ def _factor(x: np.ndarray, ref: np.ndarray) -> float:
     return float(np.exp(np.median(np.log(x[ok] / ref[ok]))))
 
 
+FACTOR_Z = 1.96
+"""The factor's interval is its median +- 1.96 standard errors (a 95% interval)."""
+
+
+def _factor_interval(factor: float, row_sigma: np.ndarray, i: int, n: int) -> tuple[float, float]:
+    """A 95% interval of a factor measured as the median of ``n`` per-step log ratios:
+    ``factor * exp(+-1.96 * 1.2533 * sigma / sqrt(n))``. sigma is the larger of the rank's
+    own step-to-step noise and the typical rank's (``row_sigma``: per rank, the spread of
+    its log ratio's step-to-step differences, which the onset's level shift barely moves).
+    A factor named from 3 steps on a loaded host then says how little it knows; one
+    judged over 30 steps of a quiet job is tight."""
+    if n < 1 or factor <= 0 or row_sigma.size == 0:
+        return factor, factor
+    sigma = max(float(row_sigma[i]), float(np.median(row_sigma)))
+    half = FACTOR_Z * MEDIAN_SE_FACTOR * sigma / math.sqrt(n)
+    return factor * math.exp(-half), factor * math.exp(half)
+
+
 def _summary(topo: Topology, rank: int, component: str, factor: float, slowdown: float) -> str:
     """The finding in an operator's words: what is slow, by how much, what it costs."""
     return (f"rank {rank} ({topo.label(rank)}): {component} {factor:.2f}x its stage peers; "
@@ -758,7 +783,7 @@ def _slow_links(job, topo, arr, steps, flagged, step_ns, hosts, profile, config)
                 {"axis": axis, "median_op_link_ms": round(float(np.median(x[i, -k:])) / 1e6, 3),
                  "peer_groups_median_op_link_ms": round(float(np.median(ref[i, -k:])) / 1e6, 3),
                  "ops_per_step": float(np.median(n_ops[i, -k:])),
-                 "excess_ms_per_step": round(excess / 1e6, 3),
+                 "excess_ms_per_step": round(excess / 1e6, 3), "step_ms": round(step_ns / 1e6, 3),
                  "noise_sigma": round(sigma, 4), "threshold": round(thr, 4),
                  "component": f"{axis} link", "factor": round(math.exp(med), 3)},
                 "", group_id=gid, suspects=[],
