@@ -214,3 +214,15 @@ def test_sections_steps_jobs_metrics_and_rank_files(job8):
         assert info["rank"] == r and info["job"] == "j8" and info["pid"] > 0
         assert (d / LOG_NAME).exists()
     assert "loss" in (rank_dir(spool_dir, "j8", 4) / LOG_NAME).read_text()
+
+
+def test_pin_cpus_puts_each_rank_on_a_core_of_its_own(tmp_path):
+    """``--pin-cpus``: rank r runs on the (r % n)-th usable CPU (with as many cores as
+    ranks, no rank takes another's core, as no GPU takes another's)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    proc = run_cli("--dp", "2", "--steps", "1", "--job", "pin", "--spool", str(tmp_path), "--pin-cpus",
+                   "--timeout-s", "120")
+    assert proc.returncode == 0, proc.stderr
+    for r in range(2):
+        log = (rank_dir(str(tmp_path), "pin", r) / LOG_NAME).read_text()
+        assert f"rank {r} pinned to CPU {cpus[r % len(cpus)]}" in log, log

@@ -62,6 +62,9 @@ def register(subparsers: Any) -> None:
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA (NCCL) if available, else CPU (gloo)")
     t.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: CPUs/ranks)")
+    t.add_argument("--pin-cpus", action="store_true",
+                   help="pin rank r to the (r %% n)-th of the n usable CPUs (with as many cores as "
+                        "ranks, no rank runs on another's core)")
     m = p.add_argument_group("model")
     m.add_argument("--layers", type=int, default=4, help="transformer blocks (divisible by pp)")
     m.add_argument("--hidden", type=int, default=64, help="hidden size")
@@ -110,6 +113,7 @@ def build_config(args: argparse.Namespace) -> Any:
             global_batch=args.global_batch, num_microbatches=args.microbatches, lr=args.lr,
             seed=args.seed, data=args.data, load_cost_ms=args.load_cost_ms,
             loader_workers=args.loader_workers, device=args.device, threads=args.threads,
+            pin_cpus=args.pin_cpus,
             model=ModelConfig(vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
                               num_layers=args.layers, num_heads=args.heads),
             job=args.job or time.strftime("train-%Y%m%d-%H%M%S"),

@@ -78,6 +78,10 @@ class TrainConfig:
     """``auto`` (CUDA if available), ``cpu`` or ``cuda``."""
     threads: int = 0
     """Torch intra-op threads per rank; 0 = CPUs / ranks."""
+    pin_cpus: bool = False
+    """Pin rank ``r`` to the ``r % n``-th of the ``n`` CPUs the launcher may use (each rank
+    on a core of its own when there are as many cores as ranks: no rank takes another's
+    CPU, as no GPU takes another's)."""
     order: str = "tp-dp-pp"
     """Rank order of the axes, fastest first (fleetscope.topology)."""
     command: str = ""

@@ -101,6 +101,15 @@ def _default_signals() -> None:
         pass
 
 
+def pin_to_cpu(rank: int) -> int:
+    """Pin this process (and the threads it starts later) to the ``rank % n``-th of the
+    ``n`` CPUs it may use; returns that CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = cpus[rank % len(cpus)]
+    os.sched_setaffinity(0, {cpu})
+    return cpu
+
+
 def _rank_main(cfg: TrainConfig, rank: int, world_size: int, port: int) -> None:
     _die_with_parent()
     _flush_on_sigterm()
@@ -112,6 +121,8 @@ def _rank_main(cfg: TrainConfig, rank: int, world_size: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if cfg.pin_cpus:
+        print(f"rank {rank} pinned to CPU {pin_to_cpu(rank)}", flush=True)
     from fleetscope.trainer.train import run_rank
 
     run_rank(cfg, rank, world_size, local_rank=rank)
