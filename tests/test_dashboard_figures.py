@@ -188,3 +188,12 @@ def test_heatmap_and_grid_margins_are_sized_from_their_labels_without_automargin
         g = build_grid(json.loads(json.dumps(p)))["layout"]
         assert g["xaxis"]["automargin"] is False and g["yaxis"]["automargin"] is False
         assert g["margin"]["l"] >= 6.5 * max(len(t) for t in g["yaxis"]["ticktext"]) + 25  # + the "tp" title
+
+
+def test_incident_page_states_the_factor_with_its_interval():
+    from fleetscope.dashboard.pages.incidents import _factor_text
+
+    ev = {"factor": 1.794, "component": "compute (CPU time)", "factor_interval": [1.4, 2.3], "judged_steps": 3}
+    assert _factor_text(ev) == " · compute (CPU time) 1.79x its peers (95%: 1.40–2.30, 3 steps)"
+    assert _factor_text({"factor": 1.5, "component": "compute"}) == " · compute 1.50x its peers"
+    assert _factor_text({}) == _factor_text("not json") == _factor_text({"factor": "x"}) == ""

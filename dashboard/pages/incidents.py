@@ -25,6 +25,20 @@ from . import alert_forms
 ACTIONS = {"ack": ("acknowledge", "ack"), "resolve": ("resolve",)}
 
 
+def _factor_text(ev) -> str:
+    """`` · compute 1.79x its peers (95%: 1.40-2.30, 3 steps)`` from a straggler's evidence."""
+    if not isinstance(ev, dict) or not ev.get("factor"):
+        return ""
+    try:
+        text = f" · {ev.get('component') or 'factor'} {float(ev['factor']):.2f}x its peers"
+        lo, hi = ev.get("factor_interval") or (None, None)
+        if lo is not None and hi is not None:
+            text += f" (95%: {float(lo):.2f}–{float(hi):.2f}, {int(ev.get('judged_steps', 0))} steps)"
+    except (TypeError, ValueError):
+        return ""
+    return text
+
+
 def _when(ns: int | None) -> str:
     if not ns:
         return "-"
@@ -204,7 +218,8 @@ def register(app: dash.Dash, client: ApiClient) -> None:
                 html.P(["job ", dcc.Link(i.get("job", ""), href=app.get_relative_path(job_href)),
                         f" · ranks {ranks[:16]}" if ranks else "",
                         f" · steps {i.get('first_step')}–{i.get('last_step')}" if i.get("first_step", -1) >= 0 else "",
-                        f" · est. slowdown {100 * float(i['est_slowdown']):.1f}%" if i.get("est_slowdown") else ""]),
+                        f" · est. slowdown {100 * float(i['est_slowdown']):.1f}%" if i.get("est_slowdown") else "",
+                        _factor_text(ev)]),
                 html.P(f"opened {_when(i.get('opened_ns'))} · acknowledged {_when(i.get('acknowledged_ns'))}"
                        f" · resolved {_when(i.get('resolved_ns'))}"),
                 _action_buttons(i),
