@@ -113,14 +113,14 @@ def test_straggler_sections_take_about_factor_times_longer(slow_job):
     # On a CPU device compute is stretched with work: the thread burns (F - 1)x the CPU
     # time the section used, so the sections' thread CPU time (``cpu_ns``) is F x its
     # peers', whatever the machine's load (the peers' own compute is the same work), and
-    # a little more (probably its own compute running from caches the burn cooled; the
-    # suite's factors read 1.04-1.09x the injected one; 3.52 for 3x was seen once in a
-    # full CI run)
+    # more (probably its own compute running from caches the burn cooled; the suite's
+    # factors read 1.04-1.09x the injected one; 3.52 and 3.99 for 3x were seen in full CI
+    # runs, 2026-12-05). The bounds still fail a sleep (~1x) or a doubled burn (~5x)
     cpu = {(s["rank"], s["name"], s["step"], s["microbatch"]): s["cpu_ns"]
            for s in slow_job["sections"] if s["step"] >= 1}
     mine = sum(cpu[k] for k in keys)
     peers = sum((cpu[(6, *k[1:])] + cpu[(7, *k[1:])]) / 2 for k in keys)
-    assert 2.6 < mine / peers < 3.9, mine / peers
+    assert 2.6 < mine / peers < 4.5, mine / peers
     # on the wall clock the own work grows by more than F: the burn competes for the 2
     # shared cores with the other 7 ranks (and waits for one), as a rank doing more work
     # on an oversubscribed host does
