@@ -18,8 +18,9 @@ arrival, slow link) and moves into the primary's ``evidence["secondary"]``:
   compute slower, and a co-located rank's untimed host work stretches): a side effect of
   the big one, not a second fault. A finding's cost is the larger of its what-if
   ``est_slowdown`` and its measured excess over the step time (``evidence.excess_ms``,
-  or a link's ``excess_ms_per_step``, over ``evidence.step_ms``): the what-if can read ~0 where it misses (a pipeline it models
-  as absorbing the delay), while the excess was measured;
+  or a link's ``excess_ms_per_step``, over ``evidence.step_ms``): the what-if can read
+  ~0 where it misses (a pipeline it models as absorbing the delay), while the excess
+  was measured;
 * GPU clock throttling on a primary's culprit (the likely cause: the summary says so).
   Other hardware errors (XID, ECC, NIC flaps) stay findings of their own: they page.
 
