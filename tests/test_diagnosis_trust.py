@@ -603,3 +603,34 @@ def test_a_small_finding_on_the_big_ones_host_is_its_side_effect_even_where_the_
     # of a size with the big one: two faults, not one
     peer = replace(late, evidence={"excess_ms": 120.0, "step_ms": 400.0})
     assert fold_secondary([big, peer], topo) == [big, peer]
+
+
+def test_a_rank_the_host_took_the_core_from_is_not_pausing_on_its_own():
+    """GC-like spikes of one rank's own work (60 ms every 4th step): reported as a
+    ``gc_pause`` where the rank's thread spent them on the CPU (a collector runs there),
+    not where its compute's CPU clock stayed flat while the wall clock grew (the host
+    descheduled it: a pinned rank sharing its core with the server read as pausing, bench
+    2026-12-05). Without the CPU clock (CUDA ranks), or with the spikes outside the
+    measured sections, nothing tells the two apart and the pauses are reported."""
+    topo = Topology(dp=2, tp=2, pp=2)
+
+    def job(seed: int, where: str, on_cpu: bool, measured: bool = True) -> pd.DataFrame:
+        bd = _frame(topo, 24, 0.05, seed, noisy_ranks=())
+        rng = np.random.default_rng(seed + 7)
+        bd["compute_cpu_ns"] = bd["compute_ns"] * 0.9 * np.exp(0.02 * rng.standard_normal(len(bd)))
+        hit = ((bd["rank"] == 3) & (bd["step"] % 4 == 1)).to_numpy()
+        bd.loc[hit, "busy_ns"] += 60 * MS
+        bd.loc[hit, where] += 60 * MS
+        if on_cpu and where == "compute_ns":
+            bd.loc[hit, "compute_cpu_ns"] += 60 * MS
+        return bd if measured else bd.assign(compute_cpu_ns=0)
+
+    def kinds(bd: pd.DataFrame) -> list:
+        return [(f.kind, f.ranks) for f in detect_stragglers("t", topo, bd, pd.DataFrame())]
+
+    gc = [(FindingKind.GC_PAUSE, (3,))]
+    for seed in range(3):
+        assert kinds(job(seed, "compute_ns", on_cpu=True)) == gc, seed
+        assert kinds(job(seed, "compute_ns", on_cpu=False)) == [], seed
+        assert kinds(job(seed, "compute_ns", on_cpu=False, measured=False)) == gc, seed
+        assert kinds(job(seed, "untimed_ns", on_cpu=False)) == gc, seed

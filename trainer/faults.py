@@ -172,11 +172,12 @@ class FaultInjector:
                     self._gc_pause(f.get("pause_ms") / 1e3)
 
     def _gc_pause(self, pause_s: float) -> None:
-        t0 = time.perf_counter()
+        """A ``gc.collect()`` topped up with busy work to ``pause_s`` of this thread's CPU
+        time: a collector runs on the CPU (a sleeping thread would look like one the host
+        took the core from, which the diagnosis tells apart)."""
+        c0 = time.thread_time()
         gc.collect()
-        rest = pause_s - (time.perf_counter() - t0)
-        if rest > 0:
-            time.sleep(rest)
+        _burn_cpu(pause_s - (time.thread_time() - c0))
 
     def stretch(self, step: int, section: str, started: float, started_cpu: float | None = None) -> None:
         """Make a section's own work F times as long (call at its end with its perf_counter

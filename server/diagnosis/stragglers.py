@@ -111,6 +111,11 @@ class StragglerConfig:
     spike_alpha: float = 1e-3
     """GC-like pauses: a rank's spike count must be this unlikely under the other ranks'
     spike rate (Poisson), so machine-load spikes scattered over ranks name nobody."""
+    off_cpu_share: float = 0.5
+    """GC-like pauses, where the sections' CPU clock is measured: when this share of the
+    spikes' excess own work is compute time spent off the CPU (wall minus CPU clock, beyond
+    the peers'), the host took the rank's core away - a noisy neighbour, not the rank's own
+    pause (a collector runs on the CPU) - and no ``gc_pause`` is reported."""
     cusum: CusumConfig = CusumConfig()
     """The CUSUM test (:mod:`.sequential`) run beside the scans on own work and each
     measured component: drift ln 1.1, false-alarm rate 1e-4 per step at 12,288 ranks."""
@@ -426,7 +431,8 @@ def detect_stragglers(
                          excess_ns / max(step_ns, 1.0), base, "", suspects=suspects)
             findings.append(replace(f, factor=round(factor, 3), component=COMPONENT_NAME[comp],
                                     summary=_summary(topo, r, COMPONENT_NAME[comp], factor, f.est_slowdown)))
-        elif _pauses(spikes, i, len(steps), config):
+        elif _pauses(spikes, i, len(steps), config) and not _descheduled(
+                i, lr[i] > spike_thr[i], busy, ref, comps, comp_refs, measured, config):
             spike_steps = [steps[j] for j in np.nonzero(lr[i] > spike_thr[i])[0]]
             pause_ns = float(np.median((busy[i] - ref[i])[lr[i] > spike_thr[i]]))
             mean_cost = pause_ns * spikes[i] / len(steps) / max(step_ns, 1.0)
@@ -645,6 +651,22 @@ def _pauses(spikes: np.ndarray, i: int, num_steps: int, config: StragglerConfig)
     lam = max(float(others.mean()) if others.size else 0.0, 0.5)
     tail = 1.0 - sum(math.exp(-lam) * lam ** j / math.factorial(j) for j in range(s))
     return tail < config.spike_alpha
+
+
+def _descheduled(i: int, on: np.ndarray, busy: np.ndarray, ref: np.ndarray, comps: dict, comp_refs: dict,
+                 measured: list[str], config: StragglerConfig) -> bool:
+    """Rank ``i``'s spikes (steps ``on``) are mostly compute time off the CPU: its thread
+    waited for a core (the host's doing) rather than paused on its own. Only where the
+    CPU clock is measured on every spike step; elsewhere (CUDA ranks) nothing tells."""
+    if CPU_COMPONENT not in measured or not on.any():
+        return False
+    cpu = comps[CPU_COMPONENT][i, on]
+    if not (cpu > 0).all():
+        return False
+    off = comps["compute_ns"][i, on] - cpu
+    off_peers = comp_refs["compute_ns"][i, on] - comp_refs[CPU_COMPONENT][i, on]
+    excess = float((busy[i, on] - ref[i, on]).sum())
+    return excess > 0 and float((off - off_peers).sum()) >= config.off_cpu_share * excess
 
 
 def _waiting_peers(arr: pd.DataFrame, steps: list[int]) -> dict[int, list[dict]]:
