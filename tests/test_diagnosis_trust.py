@@ -634,3 +634,21 @@ def test_a_rank_the_host_took_the_core_from_is_not_pausing_on_its_own():
         assert kinds(job(seed, "compute_ns", on_cpu=False)) == [], seed
         assert kinds(job(seed, "compute_ns", on_cpu=False, measured=False)) == gc, seed
         assert kinds(job(seed, "untimed_ns", on_cpu=False)) == gc, seed
+
+
+def test_a_straggler_named_on_its_cpu_clock_owns_its_neighbours_side_effect():
+    """pp4 x dp2, a 1.3x compute straggler on rank 3 (bench, 2026-12-05): its own-work
+    excess read ~0 on the noisy wall clock while its CPU clock measured 10 ms a step, so
+    a 3 ms late arrival of its DP peer rank 2 took the lead for a pass and opened an
+    incident of its own. The cost counts the component the finding was named on."""
+    topo = Topology(dp=2, tp=1, pp=4)
+    slow = _f(FindingKind.SLOW_COMPUTE, [3], est_slowdown=0.0005, hosts=("h0",),
+              evidence={"excess_ms": 0.2, "step_ms": 247.0,
+                        "components_excess_ms": {"compute": 0.3, "compute_cpu": 14.0, "untimed": 0.1}})
+    late = _f(FindingKind.LATE_ARRIVAL, [2], est_slowdown=0.0, hosts=("h0",),
+              evidence={"excess_ms": 3.2, "step_ms": 247.0, "components_excess_ms": {"untimed": 3.2}})
+    out = fold_secondary([late, slow], topo)
+    assert [f.ranks for f in out] == [(3,)] and out[0].evidence["secondary"][0]["ranks"] == [2]
+    # with the component's excess of a size with the late arrival, both stay
+    even = replace(slow, evidence={**slow.evidence, "components_excess_ms": {"compute_cpu": 6.0}})
+    assert [f.ranks for f in fold_secondary([late, even], topo)] == [(2,), (3,)]

@@ -18,9 +18,9 @@ arrival, slow link) and moves into the primary's ``evidence["secondary"]``:
   compute slower, and a co-located rank's untimed host work stretches): a side effect of
   the big one, not a second fault. A finding's cost is the larger of its what-if
   ``est_slowdown`` and its measured excess over the step time (``evidence.excess_ms``,
-  or a link's ``excess_ms_per_step``, over ``evidence.step_ms``): the what-if can read
-  ~0 where it misses (a pipeline it models as absorbing the delay), while the excess
-  was measured;
+  or a link's ``excess_ms_per_step``, or its largest component's excess where larger,
+  over ``evidence.step_ms``): the what-if can read ~0 where it misses (a pipeline it
+  models as absorbing the delay), while the excess was measured;
 * GPU clock throttling on a primary's culprit (the likely cause: the summary says so).
   Other hardware errors (XID, ECC, NIC flaps) stay findings of their own: they page.
 
@@ -44,12 +44,16 @@ SIDE_EFFECT_RATIO = 4.0
 
 def _cost(f: Finding) -> float:
     """What a straggler finding costs the job: the larger of its what-if and its measured
-    excess per step over the step time."""
+    excess per step over the step time - of its own work, or of the component it was
+    named on where that is larger (on a noisy wall clock the own-work excess can read ~0
+    while the steadier CPU clock measures the component's)."""
     ev = f.evidence or {}
     try:
-        excess = ev.get("excess_ms", ev.get("excess_ms_per_step", 0.0))
-        measured = float(excess) / float(ev.get("step_ms", 0.0))
-    except (TypeError, ValueError, ZeroDivisionError):
+        excess = float(ev.get("excess_ms", ev.get("excess_ms_per_step", 0.0)))
+        parts = ev.get("components_excess_ms") or {}
+        excess = max([excess, *(float(v) for v in parts.values())])
+        measured = excess / float(ev.get("step_ms", 0.0))
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError):
         measured = 0.0
     return max(f.est_slowdown, measured if measured == measured else 0.0, 0.0)
 
