@@ -656,3 +656,23 @@ def test_a_straggler_named_on_its_cpu_clock_owns_its_neighbours_side_effect():
     # with the component's excess of a size with the late arrival, both stay
     even = replace(slow, evidence={**slow.evidence, "components_excess_ms": {"compute_cpu": 6.0}})
     assert [f.ranks for f in fold_secondary([late, even], topo)] == [(2,), (3,)]
+
+
+def test_work_moved_between_sections_is_not_a_straggler():
+    """A rank whose untimed host work is 3x its peers' while its compute is as much
+    shorter (work counted on the other side of a section boundary) is neither slower than
+    its peers nor late to their collectives: nobody waits on it (a pinned 2-rank clean
+    twin read "untimed host work 2.84x", own work -0.4 ms, lateness -0.4 ms; bench
+    2026-12-05). The same untimed excess on top of its work is a finding."""
+    topo = Topology(dp=2, tp=2, pp=2)
+    for seed in range(3):
+        bd = _frame(topo, 24, 0.05, seed, noisy_ranks=())
+        hit = ((bd["rank"] == 3) & (bd["step"] >= 8)).to_numpy()
+        bd.loc[hit, "untimed_ns"] += 6 * MS
+        moved = bd.copy()
+        moved.loc[hit, "compute_ns"] -= 6 * MS
+        assert detect_stragglers("t", topo, moved, pd.DataFrame()) == [], seed
+        added = bd.copy()
+        added.loc[hit, "busy_ns"] += 6 * MS
+        found = detect_stragglers("t", topo, added, pd.DataFrame())
+        assert [(f.kind, f.ranks) for f in found] == [(FindingKind.LATE_ARRIVAL, (3,))], seed

@@ -409,6 +409,12 @@ def detect_stragglers(
             kind = COMPONENT_KIND[comp]
             score = float(score_busy[i]) if persistent[i] else float(max(comp_score[c][i] for c in hits))
             excess_ns = float(np.median(busy[i, -n:] - ref[i, -n:]))
+            if (not persistent[i] and CPU_COMPONENT not in hits and excess_ns < ex[comp] / 2
+                    and evidence.get(r, {}).get("median_lateness_ms", 0.0) <= 0):
+                # a wall-clock component's excess mostly offset by its other work (work
+                # moved across a section boundary): the rank's own work is not slower by
+                # it, nor is the rank late to its peers' collectives - nobody waits on it
+                continue
             factor = _factor(comps[comp][i, -n:], comp_refs[comp][i, -n:])
             if comp not in comp_sigma:  # own work's pick of a component not tested alone
                 comp_sigma[comp] = _row_sigma(_log_ratio(comps[comp], comp_refs[comp]))
