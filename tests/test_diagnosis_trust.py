@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
-from fleetscope.server.diagnosis.breakdown import rank_step_breakdown
+from fleetscope.server.diagnosis.breakdown import collective_arrivals, rank_step_breakdown
 from fleetscope.server.diagnosis.findings import (
     Finding,
     FindingKind,
@@ -676,3 +676,53 @@ def test_work_moved_between_sections_is_not_a_straggler():
         added.loc[hit, "busy_ns"] += 6 * MS
         found = detect_stragglers("t", topo, added, pd.DataFrame())
         assert [(f.kind, f.ranks) for f in found] == [(FindingKind.LATE_ARRIVAL, (3,))], seed
+
+
+def test_in_a_two_rank_stage_the_stragglers_peer_is_not_a_second_straggler():
+    """pp4 x dp2: each stage holds two ranks, each measured against the other. A 1.3x
+    compute straggler on rank 3 shows less untimed work than rank 2, so rank 2 read
+    "untimed host work 15x its stage peers" (bench seed 0, 2026-12-05): the mirror image
+    of rank 3's finding. It becomes rank 3's secondary evidence; in a stage of four ranks
+    a second finding stays a finding of its own."""
+    from fleetscope.server.diagnosis.stragglers import _one_per_pair
+
+    def f(rank, kind, excess):
+        return _f(kind, [rank], est_slowdown=0.0, evidence={"excess_ms": excess, "step_ms": 200.0})
+
+    slow, mirror = f(3, FindingKind.SLOW_COMPUTE, 30.0), f(2, FindingKind.LATE_ARRIVAL, 13.0)
+    two = {0: [0, 1], 1: [2, 3]}  # stage -> indices into ranks
+    out = _one_per_pair([mirror, slow], two, [0, 1, 2, 3])
+    assert [x.ranks for x in out] == [(3,)] and out[0].evidence["secondary"][0]["ranks"] == [2]
+    four = {0: [0, 1, 2, 3]}
+    assert _one_per_pair([mirror, slow], four, [0, 1, 2, 3]) == [mirror, slow]
+    # a straggler with no finding on its peer, or on another stage's rank, is untouched
+    other = f(0, FindingKind.SLOW_DATALOADER, 13.0)
+    assert _one_per_pair([other, slow], two, [0, 1, 2, 3]) == [other, slow]
+    # end to end: every rank has 14 ms of untimed host work, the straggler 13 ms less of
+    # it after onset, and its peer arrives 5 ms late at collectives (so the rule for work
+    # moved across a section boundary keeps the peer's untimed finding)
+    import fleetscope.server.diagnosis.stragglers as st
+
+    topo = Topology(dp=2, tp=1, pp=4)
+    for seed in range(3):
+        bd = _frame(topo, 24, 0.05, seed, noisy_ranks=())
+        bd["untimed_ns"] += 14 * MS
+        bd["busy_ns"] += 14 * MS
+        hit = ((bd["rank"] == 3) & (bd["step"] >= 8)).to_numpy()
+        bd.loc[hit, "compute_ns"] += 40 * MS
+        bd.loc[hit, "untimed_ns"] -= 13 * MS
+        bd.loc[hit, "busy_ns"] += 27 * MS
+        arr = collective_arrivals(pd.DataFrame([
+            {"rank": r, "step": s_, "microbatch": 0, "group_id": "dp.pp1.tp0", "axis": "dp", "seq": s_,
+             "op": "all_reduce", "bytes": 4, "dtype": "float32", "peer": -1,
+             "enqueued_ns": s_ * 10**9 + (5 * MS if r == 2 else 0), "completed_ns": s_ * 10**9 + 6 * MS}
+            for s_ in range(24) for r in (2, 3)]))
+        found = detect_stragglers("t", topo, bd, arr)
+        assert [(x.kind, x.ranks) for x in found] == [(FindingKind.SLOW_COMPUTE, (3,))], seed
+        assert found[0].evidence["secondary"][0]["ranks"] == [2], seed
+        keep = st._one_per_pair
+        try:  # without the rule the peer is named too: the case above is the one it covers
+            st._one_per_pair = lambda fs, g, r: fs
+            assert {x.ranks for x in detect_stragglers("t", topo, bd, arr)} == {(2,), (3,)}, seed
+        finally:
+            st._one_per_pair = keep

@@ -155,6 +155,28 @@ class HangAnalysis:
         )
 
 
+def finding_cost(f: Finding) -> float:
+    """What a straggler finding costs the job: the larger of its what-if and its measured
+    excess per step over the step time - of its own work, or of the component it was
+    named on where that is larger (on a noisy wall clock the own-work excess can read ~0
+    while the steadier CPU clock measures the component's)."""
+    ev = f.evidence or {}
+    try:
+        excess = float(ev.get("excess_ms", ev.get("excess_ms_per_step", 0.0)))
+        parts = ev.get("components_excess_ms") or {}
+        excess = max([excess, *(float(v) for v in parts.values())])
+        measured = excess / float(ev.get("step_ms", 0.0))
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError):
+        measured = 0.0
+    return max(f.est_slowdown, measured if measured == measured else 0.0, 0.0)
+
+
+def as_secondary(f: Finding) -> dict:
+    """A finding as an entry of another's ``evidence["secondary"]``."""
+    return {"kind": f.kind.value, "ranks": list(f.ranks), "summary": f.summary,
+            "first_step": f.first_step, "est_slowdown": f.est_slowdown}
+
+
 def finding_to_dict(f: Finding) -> dict[str, Any]:
     """JSON-ready dict of a finding (enums as their values)."""
     d = asdict(f)

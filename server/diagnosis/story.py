@@ -33,29 +33,13 @@ from dataclasses import replace
 
 from fleetscope.topology import Topology
 
-from .findings import Finding, FindingKind
+from .findings import Finding, FindingKind, as_secondary, finding_cost
 
 PRIMARY_KINDS = frozenset({FindingKind.SLOW_COMPUTE, FindingKind.SLOW_DATALOADER,
                            FindingKind.LATE_ARRIVAL, FindingKind.SLOW_LINK})
 THROTTLE_METRIC = "gpu.throttle_reasons"
 SIDE_EFFECT_RATIO = 4.0
 """A neighbour's straggler finding costing less than 1/4 of a primary's is its side effect."""
-
-
-def _cost(f: Finding) -> float:
-    """What a straggler finding costs the job: the larger of its what-if and its measured
-    excess per step over the step time - of its own work, or of the component it was
-    named on where that is larger (on a noisy wall clock the own-work excess can read ~0
-    while the steadier CPU clock measures the component's)."""
-    ev = f.evidence or {}
-    try:
-        excess = float(ev.get("excess_ms", ev.get("excess_ms_per_step", 0.0)))
-        parts = ev.get("components_excess_ms") or {}
-        excess = max([excess, *(float(v) for v in parts.values())])
-        measured = excess / float(ev.get("step_ms", 0.0))
-    except (TypeError, ValueError, ZeroDivisionError, AttributeError):
-        measured = 0.0
-    return max(f.est_slowdown, measured if measured == measured else 0.0, 0.0)
 
 
 def _neighbours(topo: Topology | None, ranks: tuple[int, ...]) -> set[int]:
@@ -68,11 +52,6 @@ def _neighbours(topo: Topology | None, ranks: tuple[int, ...]) -> set[int]:
             for axis in ("tp", "pp", "dp"):
                 out.update(topo.group_ranks(axis, r))
     return out
-
-
-def _secondary(f: Finding) -> dict:
-    return {"kind": f.kind.value, "ranks": list(f.ranks), "summary": f.summary,
-            "first_step": f.first_step, "est_slowdown": f.est_slowdown}
 
 
 def fold_secondary(findings: list[Finding], topo: Topology | None = None) -> list[Finding]:
@@ -91,11 +70,11 @@ def fold_secondary(findings: list[Finding], topo: Topology | None = None) -> lis
     by_id = {id(f): i for i, f in enumerate(findings)}
 
     def attach(owner: Finding, f: Finding) -> None:
-        extra.setdefault(by_id[id(owner)], []).append(_secondary(f))
+        extra.setdefault(by_id[id(owner)], []).append(as_secondary(f))
         drop.add(id(f))
 
     strongest = max(primaries, key=lambda f: (f.est_slowdown, f.score)) if primaries else hang
-    cost = {id(f): _cost(f) for f in primaries}
+    cost = {id(f): finding_cost(f) for f in primaries}
     for f in primaries:  # small stragglers next to a big one
         big = next((p for p in sorted(primaries, key=lambda p: -cost[id(p)])
                     if p is not f and id(p) not in drop and cost[id(p)] > 0

@@ -34,7 +34,7 @@ import pandas as pd
 from fleetscope.topology import Topology
 
 from .breakdown import group_transfer
-from .findings import Finding, FindingKind, Severity
+from .findings import Finding, FindingKind, Severity, as_secondary, finding_cost
 from .robust import MAD_TO_SIGMA, MEDIAN_SE_FACTOR, diff_sigma, mad_sigma, row_median
 from .sequential import CusumConfig, CusumResult, cusum
 from .whatif import StepProfile, rank_stages, whatif
@@ -47,6 +47,7 @@ COMPONENT_KIND = {
     "other_ns": FindingKind.LATE_ARRIVAL,
     "compute_cpu_ns": FindingKind.SLOW_COMPUTE,
 }
+STRAGGLER_KINDS = frozenset(COMPONENT_KIND.values())
 MEASURED = ("compute_ns", "dataloader_ns", "optimizer_ns", "untimed_ns", "compute_cpu_ns")
 """Components tested on their own (``other_ns`` - e.g. a gradient-sync section net of
 its communication - is too small and noisy to judge alone). ``compute_cpu_ns`` (the
@@ -455,6 +456,7 @@ def detect_stragglers(
                 f"rank {r} ({topo.label(r)}) pauses intermittently: {int(spikes[i])} of {len(steps)} "
                 f"steps ~{pause_ns / 1e6:.0f} ms longer",
             ))
+    findings = _one_per_pair(findings, groups, ranks)
     flagged = {r for f in findings for r in f.ranks}
     findings += _slow_links(job, topo, arrivals, steps, flagged, step_ns, hosts, profile, config)
     return sorted(findings, key=lambda f: (-f.est_slowdown, -f.score))
@@ -680,6 +682,33 @@ def _descheduled(i: int, on: np.ndarray, busy: np.ndarray, ref: np.ndarray, comp
     if excess <= 0 or float((off - off_peers).sum()) < config.off_cpu_share * excess:
         return False
     return float(np.median(_log_ratio(cpu, cpu_peers))) < math.log1p(config.spike_min_effect)
+
+
+def _one_per_pair(findings: list[Finding], groups: dict[int, list[int]], ranks: list[int]) -> list[Finding]:
+    """In a stage of two ranks each is measured against the other, so each component's
+    ratio of one is the inverse of the other's: when both are named (the straggler on its
+    compute, its peer on the untimed work the straggler shows less of), the one costing
+    less is the other's mirror image and goes into its ``evidence["secondary"]``. Two
+    real faults on the two ranks of one such stage show as one."""
+    pairs = {ranks[a]: ranks[b] for g in groups.values() if len(g) == 2 for a, b in (g, g[::-1])}
+    named = {f.ranks[0]: f for f in findings if f.kind in STRAGGLER_KINDS and len(f.ranks) == 1}
+    mirror = set()
+    for r, f in named.items():
+        other = named.get(pairs.get(r, -1))
+        if other is not None and (finding_cost(f), f.score) < (finding_cost(other), other.score):
+            mirror.add(id(f))
+    if not mirror:
+        return findings
+    out = []
+    for f in findings:
+        if id(f) in mirror:
+            continue
+        twin = named.get(pairs.get(f.ranks[0], -1)) if f.ranks else None
+        if twin is not None and id(twin) in mirror and f.kind in STRAGGLER_KINDS:
+            f = replace(f, evidence={**f.evidence,
+                                     "secondary": f.evidence.get("secondary", []) + [as_secondary(twin)]})
+        out.append(f)
+    return out
 
 
 def _waiting_peers(arr: pd.DataFrame, steps: list[int]) -> dict[int, list[dict]]:
