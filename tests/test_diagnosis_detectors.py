@@ -213,6 +213,49 @@ def test_hang_process_dead():
     assert a.culprits == (2,) and a.hang_class == HangClass.PROCESS_DEAD
 
 
+def test_ranks_that_die_after_a_hang_do_not_take_the_culprit_from_the_hung_rank():
+    """Rank 3 hangs in its data loader; everyone else blocks on it, and the first verdict
+    names rank 3. Then the hung job is torn down (a watchdog's timeout, the launcher, an
+    operator): ranks 2, 3, 6 and 7 die 30 s after the hang began, and the survivors now
+    wait on dead ranks. A later analysis alone blames those (seen in the suite, seed 1 of
+    hang-dataloader, 2026-12-05: paged [2], then "corrected" to [3, 6]); a death after the
+    hang began is its consequence, so the culprit stays, and the deaths are listed. A
+    death the first verdict had not seen yet, from when the hang began, still corrects it."""
+    from dataclasses import replace
+
+    from fleetscope.server.diagnosis.hangs import DIED_OF_HANG_NS, keep_culprits
+
+    rows = [_inf(3, "section", "dataloader"), _inf(2, "collective", "all_reduce", "tp.pp0.dp1", 42),
+            _inf(6, "p2p", "recv", "pp.dp1.tp0", 30, peer=2), _inf(7, "p2p", "recv", "pp.dp1.tp1", 30, peer=3),
+            _inf(0, "collective", "all_reduce", "dp.pp0.tp0", 42), _inf(1, "collective", "all_reduce", "dp.pp0.tp1", 42),
+            _inf(4, "collective", "all_reduce", "dp.pp1.tp0", 42), _inf(5, "collective", "all_reduce", "dp.pp1.tp1", 42)]
+    first = _analyse(rows)
+    assert first.culprits == (3,) and first.hang_class == HangClass.DATALOADER_STALL
+    onset = first.stalled_since_ns
+
+    def torn_down(died_ns: int):
+        later = NOW + 40 * 10**9
+        hb = _hb(dead=(2, 3, 6, 7), ts=later - 10**9).assign(dead_since_ns=died_ns)
+        alive = [dict(r, ts_ns=later - 10**9) for r in rows if r["rank"] in (0, 1, 4, 5)]
+        return analyse_hang("j", TOPO, later, _steps(onset), pd.DataFrame(alive), hb, _progress())
+
+    late = torn_down(NOW + 30 * 10**9)
+    assert late.stalled and late.culprits and late.culprits != (3,)  # alone, it blames the dead
+    assert set(late.evidence["culprits_died_ns"]) == {str(r) for r in late.culprits}
+    kept = keep_culprits(first, late)
+    assert kept.culprits == (3,) and kept.hang_class == HangClass.DATALOADER_STALL
+    assert "culprit_changed" not in kept.evidence
+    assert kept.evidence["died_after_stall"] == sorted(late.culprits)
+    assert kept.evidence["stall_onset_ns"] == onset
+    # the onset stays the first verdict's while failing ops of the teardown complete
+    moved = replace(late, stalled_since_ns=NOW + 35 * 10**9)
+    assert keep_culprits(kept, moved).culprits == (3,)
+    # ranks dead from when the hang began (a crash the first pass had not seen yet)
+    early = torn_down(onset + DIED_OF_HANG_NS // 2)
+    changed = keep_culprits(first, early)
+    assert changed.culprits == early.culprits != (3,) and "died" in changed.evidence["culprit_changed"]["why"]
+
+
 def test_crash_everyone_dead_first_to_die_is_culprit():
     hb = _hb(dead=tuple(range(8))).assign(dead_since_ns=lambda d: np.where(d["rank"] == 5, NOW - 40 * 10**9, NOW - 39 * 10**9))
     # survivors' last in-flight rows: blocked in collectives/p2p that rank 5 never joined

@@ -742,6 +742,9 @@ def analyse_hang(
     culprits, cls, gid, chain, ev = localise(topo, states, progress, last_seen, last_known, reference=reference,
                                              failed_ops=failed_ops)
     ev["culprit_hosts"] = sorted({states[r].host for r in culprits if states[r].host})
+    died = {str(r): int(states[r].since_ns) for r in culprits if states[r].kind == RankStateKind.DEAD}
+    if died:  # when each dead culprit's process went (keep_culprits: cause or consequence?)
+        ev["culprits_died_ns"] = died
     detected_by = "step_stall"
     # report the rule whose threshold was crossed first (stable from pass to pass)
     if op is not None and op.stalled and (
@@ -833,28 +836,59 @@ def detect_mismatches(job: str, collectives: pd.DataFrame) -> list[Finding]:
     return out
 
 
+DIED_OF_HANG_NS = 10_000_000_000
+"""A rank whose process went more than this after the job's progress stopped died of the
+hang (a watchdog's timeout, the launcher tearing the job down, an operator's kill), not
+the other way round. Heartbeats see a death up to one period (~2 s) late, and a crashed
+rank's peers may have blocked on it a few seconds before it went; no hang is declared
+before ``hang_op_min_s`` (20 s) of silence, so a teardown that follows a page is always
+past it."""
+
+
+def stall_onset_ns(analysis: HangAnalysis) -> int:
+    """When the hang began: its last completed step, or the last traced op completed
+    anywhere in the job if later. Kept from the pass that named the culprits
+    (``evidence["stall_onset_ns"]``): ops failing one by one as a hung job is torn down
+    complete too, and would move it."""
+    kept = analysis.evidence.get("stall_onset_ns")
+    if kept:
+        return int(kept)
+    quiet = int((analysis.evidence.get("op_progress") or {}).get("quiet_since_ns") or 0)
+    return max(int(analysis.stalled_since_ns), quiet)
+
+
 def keep_culprits(previous: HangAnalysis | None, new: HangAnalysis) -> HangAnalysis:
     """Culprit stickiness: while the job stays hung (the same hang: same last step), the
     culprits named first stay the culprits unless new evidence changes them, so the API,
     the UI, the incident and the page agree for as long as the job is hung.
 
     Evidence that changes them: a culprit named now is dead and was not before (a
-    process death is a fact, not a snapshot), or a previous culprit now waits in an op
-    on another rank (it was not the root after all), or the previous verdict had no
-    culprit. Otherwise the later analysis - whose in-flight records age, whose waiting
-    ranks' records go stale one by one - keeps the first culprits and records its own
-    candidates in ``evidence["latest_candidates"]``. A change is recorded in
+    process death is a fact, not a snapshot) and went no later than
+    :data:`DIED_OF_HANG_NS` after the hang began (a death the first verdict had not seen
+    yet), or a previous culprit now waits in an op on another rank (it was not the root
+    after all), or the previous verdict had no culprit. A rank that died later died of
+    the hang: a hung job's ranks are killed by watchdogs and launchers, and the ranks
+    that wait on the dead ones look like culprits, exactly the confusion a page must not
+    follow (``evidence["died_after_stall"]`` lists them). Otherwise the later analysis -
+    whose in-flight records age, whose waiting ranks' records go stale one by one -
+    keeps the first culprits and records its own candidates in
+    ``evidence["latest_candidates"]``. A change is recorded in
     ``evidence["culprit_changed"]`` (from, to, why), which the incident reports and pages.
     """
     if previous is None or not previous.stalled or not new.stalled or previous.last_step != new.last_step:
         return new
+    onset = {"stall_onset_ns": stall_onset_ns(previous)}
     if set(new.culprits) == set(previous.culprits) or not previous.culprits:
         carried = previous.evidence.get("culprit_changed")
-        return replace(new, evidence={**new.evidence, "culprit_changed": carried}) if carried else new
+        return replace(new, evidence={**new.evidence, **onset, **({"culprit_changed": carried} if carried else {})})
     why = ""
     was_dead = set(previous.evidence.get("dead_ranks", []))
     now_dead = set(new.evidence.get("dead_ranks", []))
-    newly_dead = sorted((set(new.culprits) & now_dead) - was_dead)
+    died = new.evidence.get("culprits_died_ns") or {}
+    newly_dead, died_after = [], []
+    for r in sorted((set(new.culprits) & now_dead) - was_dead):
+        late = int(died.get(str(r), 0)) > onset["stall_onset_ns"] + DIED_OF_HANG_NS
+        (died_after if late else newly_dead).append(r)
     blocked = set(new.evidence.get("blocked_ranks", []))
     waiting_old = sorted(r for r in previous.culprits if r in blocked and r not in new.culprits)
     if newly_dead and not new.evidence.get("all_dead"):
@@ -863,9 +897,14 @@ def keep_culprits(previous: HangAnalysis | None, new: HangAnalysis) -> HangAnaly
         why = f"rank(s) {waiting_old} now wait in an op on another rank"
     if why:
         change = {"from": list(previous.culprits), "to": list(new.culprits), "why": why}
-        return replace(new, evidence={**new.evidence, "culprit_changed": change})
-    ev = {**new.evidence, "latest_candidates": list(new.culprits), "culprits_kept_since_ns": previous.stalled_since_ns}
-    for key in ("culprit_changed", "culprit_hosts", "num_waiting_on_culprit", "group_ops", "other_roots"):
+        return replace(new, evidence={**new.evidence, **onset, "culprit_changed": change})
+    ev = {**new.evidence, **onset, "latest_candidates": list(new.culprits),
+          "culprits_kept_since_ns": previous.stalled_since_ns}
+    if died_after:
+        ev["died_after_stall"] = died_after
+    ev.pop("culprits_died_ns", None)  # the new candidates', not the kept culprits'
+    for key in ("culprit_changed", "culprit_hosts", "num_waiting_on_culprit", "group_ops", "other_roots",
+                "culprits_died_ns"):
         if key in previous.evidence:
             ev[key] = previous.evidence[key]
     return replace(new, culprits=previous.culprits, hang_class=previous.hang_class,
