@@ -742,9 +742,9 @@ def analyse_hang(
     culprits, cls, gid, chain, ev = localise(topo, states, progress, last_seen, last_known, reference=reference,
                                              failed_ops=failed_ops)
     ev["culprit_hosts"] = sorted({states[r].host for r in culprits if states[r].host})
-    died = {str(r): int(states[r].since_ns) for r in culprits if states[r].kind == RankStateKind.DEAD}
-    if died:  # when each dead culprit's process went (keep_culprits: cause or consequence?)
-        ev["culprits_died_ns"] = died
+    dead_at = {str(r): int(states[r].since_ns) for r in culprits if states[r].kind == RankStateKind.DEAD}
+    if dead_at:  # when each dead culprit's process went (keep_culprits: cause or consequence?)
+        ev["culprits_died_ns"] = dead_at
     detected_by = "step_stall"
     # report the rule whose threshold was crossed first (stable from pass to pass)
     if op is not None and op.stalled and (
@@ -885,7 +885,8 @@ def keep_culprits(previous: HangAnalysis | None, new: HangAnalysis) -> HangAnaly
     was_dead = set(previous.evidence.get("dead_ranks", []))
     now_dead = set(new.evidence.get("dead_ranks", []))
     died = new.evidence.get("culprits_died_ns") or {}
-    newly_dead, died_after = [], []
+    newly_dead: list[int] = []
+    died_after: list[int] = []
     for r in sorted((set(new.culprits) & now_dead) - was_dead):
         late = int(died.get(str(r), 0)) > onset["stall_onset_ns"] + DIED_OF_HANG_NS
         (died_after if late else newly_dead).append(r)
