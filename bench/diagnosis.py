@@ -395,12 +395,13 @@ def spool_frames(spool_dir: Path, job: str, world: int) -> dict:
 
 
 def spool_noise(spool_dir: Path, job: str, layout: tuple[int, int, int], rank: int, onset_step: int,
-                section: str, judged: tuple[int, int] | None = None) -> dict[str, float]:
+                section: str, judged: tuple[int, int] | frozenset[int] | None = None) -> dict[str, float]:
     """Per-step noise (robust sigma of the log ratio to the stage peers' median, the
     detector's input) of ``section``'s component (``"compute"``, ``"dataloader"``, or
     ``"compute (CPU time)"``: the compute sections' thread CPU time), ``rank``'s median ratio over the steps
     from ``onset_step`` (first and last step left out) - over the steps ``judged`` (first,
-    last) where given, those the finding's ``factor`` was measured on, so that both
+    last; or a set of steps, an intermittent finding's slow ones) where given, those the
+    finding's ``factor`` was measured on, so that both
     figures are of the same steps (an injected sleep overshoots by more or less as the
     machine's load changes) - and the CUSUM's expected steps for a 1.2x at that noise."""
     import numpy as np
@@ -422,7 +423,9 @@ def spool_noise(spool_dir: Path, job: str, layout: tuple[int, int, int], rank: i
     if rank not in ranks or not steps:
         return {}
     after = [j for j, st in enumerate(steps) if st >= onset_step]
-    if judged is not None:
+    if isinstance(judged, frozenset):  # the steps themselves (an intermittent finding's slow ones)
+        after = [j for j in after if steps[j] in judged] or after
+    elif judged is not None:
         after = [j for j in after if judged[0] <= steps[j] <= judged[1]] or after
     ratio = float(np.exp(np.median(lr[ranks.index(rank), after]))) if after else float("nan")
     return {"sigma": round(sigma, 3), "ratio": round(ratio, 3),
@@ -555,8 +558,10 @@ def run_scenario(sc: Scenario, api: str, rx: Receiver, work: Path, http: httpx.C
                 "compute (CPU time)" if res.component == "compute (CPU time)" else "compute")
             rank = min(sc.culprits)
             own = [i for i in match if i["ranks"][:1] == [rank] and (i.get("evidence") or {}).get("judged_steps")]
-            judged = ((own[0]["last_step"] - int(own[0]["evidence"]["judged_steps"]) + 1, own[0]["last_step"])
+            judged: tuple[int, int] | frozenset[int] | None = ((own[0]["last_step"] - int(own[0]["evidence"]["judged_steps"]) + 1, own[0]["last_step"])
                       if own else None)
+            if own and own[0]["evidence"].get("slow_steps"):  # intermittent: the slow steps'
+                judged = frozenset(int(st) for st in own[0]["evidence"]["slow_steps"])
             try:
                 res.noise = spool_noise(spool_dir, job, sc.layout, rank, sc.onset_step, section, judged)
             except Exception as e:  # the figure is a diagnostic; the run's verdict stands

@@ -118,6 +118,13 @@ class StragglerConfig:
     the peers') and the CPU clock shows no spike, the host took the rank's core away - a
     noisy neighbour, not the rank's own pause (a collector runs on the CPU) - and no
     ``gc_pause`` is reported."""
+    two_state_separation: float = 4.0
+    """Intermittent slowdowns: a finding's judged steps split into healthy and slow ones
+    when the two groups' means are this many standard deviations apart (Ashman's D, each
+    group's spread at least the typical rank's step-to-step noise) and the healthy group
+    sits at its peers' level; the factor is then the slow steps' (:func:`_two_state`)."""
+    two_state_min_steps: int = 3
+    """...each group at least this many steps."""
     cusum: CusumConfig = CusumConfig()
     """The CUSUM test (:mod:`.sequential`) run beside the scans on own work and each
     measured component: drift ln 1.1, false-alarm rate 1e-4 per step at 12,288 ranks."""
@@ -419,7 +426,12 @@ def detect_stragglers(
             factor = _factor(comps[comp][i, -n:], comp_refs[comp][i, -n:])
             if comp not in comp_sigma:  # own work's pick of a component not tested alone
                 comp_sigma[comp] = _row_sigma(_log_ratio(comps[comp], comp_refs[comp]))
-            lo, hi = _factor_interval(factor, comp_sigma[comp], i, n)
+            slow = _two_state(comps[comp][i, -n:], comp_refs[comp][i, -n:],
+                              float(np.median(comp_sigma[comp])), config)
+            all_steps_factor = factor
+            if slow is not None:  # intermittent: how slow it is while slow, and how often
+                factor = _factor(comps[comp][i, -n:][slow], comp_refs[comp][i, -n:][slow])
+            lo, hi = _factor_interval(factor, comp_sigma[comp], i, n if slow is None else int(slow.sum()))
             busy_factor = _factor(busy[i, -n:], ref[i, -n:])
             base = _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, sigma, thr,
                                   measured)
@@ -428,6 +440,9 @@ def detect_stragglers(
             base.update(component=COMPONENT_NAME[comp], factor=round(factor, 3),
                         factor_interval=[round(lo, 3), round(hi, 3)],
                         own_work_factor=round(busy_factor, 3), judged_steps=n,
+                        slow_steps=(None if slow is None
+                                    else [steps[len(steps) - n + j] for j in np.nonzero(slow)[0]]),
+                        factor_all_steps=round(all_steps_factor, 3),
                         step_ms=round(step_ns / 1e6, 3),
                         component_ms=round(float(np.median(comps[comp][i, -n:])) / 1e6, 3),
                         peer_component_ms=round(float(np.median(comp_refs[comp][i, -n:])) / 1e6, 3),
@@ -438,7 +453,8 @@ def detect_stragglers(
             f = _finding(job, kind, [r], score, first, steps[-1], hosts, profile,
                          excess_ns / max(step_ns, 1.0), base, "", suspects=suspects)
             findings.append(replace(f, factor=round(factor, 3), component=COMPONENT_NAME[comp],
-                                    summary=_summary(topo, r, COMPONENT_NAME[comp], factor, f.est_slowdown)))
+                                    summary=_summary(topo, r, COMPONENT_NAME[comp], factor, f.est_slowdown,
+                                                     None if slow is None else (int(slow.sum()), n))))
         elif _pauses(spikes, i, len(steps), config) and not _descheduled(
                 i, lr[i] > spike_thr[i], busy, ref, comps, comp_refs, measured, config):
             spike_steps = [steps[j] for j in np.nonzero(lr[i] > spike_thr[i])[0]]
@@ -626,10 +642,57 @@ def _factor_interval(factor: float, row_sigma: np.ndarray, i: int, n: int) -> tu
     return factor * math.exp(-half), factor * math.exp(half)
 
 
-def _summary(topo: Topology, rank: int, component: str, factor: float, slowdown: float) -> str:
-    """The finding in an operator's words: what is slow, by how much, what it costs."""
-    return (f"rank {rank} ({topo.label(rank)}): {component} {factor:.2f}x its stage peers; "
+def _summary(topo: Topology, rank: int, component: str, factor: float, slowdown: float,
+             slow_of: tuple[int, int] | None = None) -> str:
+    """The finding in an operator's words: what is slow, by how much, what it costs
+    (``slow_of``: an intermittent slowdown's slow steps of the judged ones)."""
+    when = "" if slow_of is None else f" on {slow_of[0]} of {slow_of[1]} steps"
+    return (f"rank {rank} ({topo.label(rank)}): {component} {factor:.2f}x its stage peers{when}; "
             f"job ~{slowdown:.0%} slower")
+
+
+def _two_state(x: np.ndarray, ref: np.ndarray, sigma: float, config: StragglerConfig) -> np.ndarray | None:
+    """Which of a finding's judged steps were slow, when the rank switched between its
+    peers' pace and a slower one (an intermittent fault) rather than running slower
+    throughout: a mask over ``x``, or None.
+
+    The per-step log ratios to the peers are sorted and split in two where the groups'
+    separation is largest (Ashman's D: the means' distance over the groups' pooled
+    spread, each spread at least ``sigma``, the typical rank's step-to-step noise). Two
+    states only when D >= ``two_state_separation``, each group has at least
+    ``two_state_min_steps`` steps and the faster group runs at its peers' pace (its
+    median within 3 standard errors, or ``ln(1 + min_effect)``, of them). A persistent slowdown
+    with normal or heavy-tailed noise almost never passes (a unimodal sample's best split
+    gives D ~ 2.7), so its factor stays the median over all judged steps."""
+    ok = (x > 0) & (ref > 0)
+    m = config.two_state_min_steps
+    if int(ok.sum()) < 2 * m or not sigma > 0:
+        return None
+    lr = np.log(x[ok] / ref[ok])
+    order = np.argsort(lr, kind="stable")
+    xs = lr[order]
+    n = xs.size
+    k = np.arange(1, n)
+    csum, csq = np.cumsum(xs)[:-1], np.cumsum(xs * xs)[:-1]
+    mean_lo, mean_hi = csum / k, (xs.sum() - csum) / (n - k)
+    var_lo = np.maximum(csq / k - mean_lo ** 2, sigma ** 2)
+    var_hi = np.maximum(((xs * xs).sum() - csq) / (n - k) - mean_hi ** 2, sigma ** 2)
+    d = math.sqrt(2) * (mean_hi - mean_lo) / np.sqrt(var_lo + var_hi)
+    d[(k < m) | (n - k < m)] = -np.inf
+    best = int(np.argmax(d))
+    split = best + 1  # steps in the faster group
+    if d[best] < config.two_state_separation:
+        return None
+    # the faster steps run at the peers' pace: their median within 3 standard errors of
+    # 0 (else they are slow too - a persistent straggler whose slowest steps were load)
+    se = MEDIAN_SE_FACTOR * math.sqrt(float(var_lo[best])) / math.sqrt(split)
+    if abs(float(np.median(xs[:split]))) > max(3 * se, math.log1p(config.min_effect)):
+        return None
+    slow_ok = np.zeros(n, dtype=bool)
+    slow_ok[order[split:]] = True
+    mask = np.zeros(x.shape, dtype=bool)
+    mask[np.nonzero(ok)[0]] = slow_ok
+    return mask
 
 
 def _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, sigma, thr, measured) -> dict:
