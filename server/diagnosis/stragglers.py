@@ -338,11 +338,7 @@ def detect_stragglers(
     cus: dict[str, CusumResult] = {"busy_ns": cusum(lr, pooled, num_tests, topo.world_size, config.cusum, row,
                                                     float(centre))}
     persistent, score_busy, run_busy = _with_cusum(persistent, score_busy, run_busy, cus["busy_ns"])
-    # per rank: its own noise (MAD about its median; sparse pauses barely move it) when
-    # larger than the pool's, so a rank on a noisy host does not count its noise as pauses
-    row_mad = MAD_TO_SIGMA * row_median(np.abs(lr - row_median(lr)[:, None]))
-    spike_thr = np.maximum(math.log1p(config.spike_min_effect), config.spike_z * np.maximum(sigma, row_mad))
-    spikes = (lr > spike_thr[:, None]).sum(axis=1)
+    spike_on = _spike_steps(lr, sigma, config)
     step_ns = float(np.median(grid.matrix("step_ns")))
     run_n = np.maximum(run_busy, 1)
     busy_ex = _tail_medians(busy - ref, run_n)
@@ -374,11 +370,19 @@ def detect_stragglers(
         material = np.maximum(config.min_effect * _tail_medians(ref, run), config.min_step_frac * step_ns)
         comp_hit[c] = (hit | top) & (ex_c >= material)
         comp_score[c], comp_run[c] = sc, run
+    # pauses, on the wall clock; where the sections' CPU clock is measured also on it (a
+    # collector runs on the CPU): a host whose wall clock is too noisy to show a pause
+    # above its noise can show it on the thread's CPU time, which the wait for a core does
+    # not move
+    spikes = spike_on.sum(axis=1)
+    spike_on_cpu = (_spike_steps(comp_lr[CPU_COMPONENT], None, config) if CPU_COMPONENT in comp_lr
+                    else np.zeros_like(spike_on))
+    spikes_cpu = spike_on_cpu.sum(axis=1)
     named = persistent | np.logical_or.reduce([comp_hit[c] for c in comp_hit])
     suspects = np.asarray(ranks, dtype=np.int64)[named].tolist()
     # only ranks some test named, or with enough spikes to be pausing, are looked at (none
     # on a healthy job, which then needs no per-rank arrival evidence)
-    looked = np.nonzero(named | (spikes >= config.min_spikes))[0].tolist()
+    looked = np.nonzero(named | (spikes >= config.min_spikes) | (spikes_cpu >= config.min_spikes))[0].tolist()
     evidence = _arrival_evidence(arrivals, steps[-k:]) if looked else {}
     waiting = _waiting_peers(arrivals, steps[-k:]) if looked else {}
     findings: list[Finding] = []
@@ -455,21 +459,22 @@ def detect_stragglers(
             findings.append(replace(f, factor=round(factor, 3), component=COMPONENT_NAME[comp],
                                     summary=_summary(topo, r, COMPONENT_NAME[comp], factor, f.est_slowdown,
                                                      None if slow is None else (int(slow.sum()), n))))
-        elif _pauses(spikes, i, len(steps), config) and not _descheduled(
-                i, lr[i] > spike_thr[i], busy, ref, comps, comp_refs, measured, config):
-            spike_steps = [steps[j] for j in np.nonzero(lr[i] > spike_thr[i])[0]]
-            pause_ns = float(np.median((busy[i] - ref[i])[lr[i] > spike_thr[i]]))
-            mean_cost = pause_ns * spikes[i] / len(steps) / max(step_ns, 1.0)
+        elif (pause := _pause_steps(i, spike_on, spikes, spike_on_cpu, spikes_cpu, busy, ref, comps, comp_refs,
+                                    measured, len(steps), config)) is not None:
+            on, clock = pause
+            spike_steps = [steps[j] for j in np.nonzero(on)[0]]
+            pause_ns = float(np.median((busy[i] - ref[i])[on]))
+            mean_cost = pause_ns * len(spike_steps) / len(steps) / max(step_ns, 1.0)
             base = _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, k, sigma, thr,
                                   measured)
             base.update(evidence.get(r, {}))
             findings.append(_finding(
-                job, FindingKind.GC_PAUSE, [r], float(spikes[i] / max(config.min_spikes, 1)),
+                job, FindingKind.GC_PAUSE, [r], float(len(spike_steps) / max(config.min_spikes, 1)),
                 spike_steps[0], spike_steps[-1], hosts, None, mean_cost,
                 {**base, "spike_steps": spike_steps, "median_pause_ms": round(pause_ns / 1e6, 3),
-                 "num_spikes": int(spikes[i]), "num_steps": len(steps), "component": "own work",
-                 "factor": round(math.exp(float(np.median(lr[i][lr[i] > spike_thr[i]]))), 3)},
-                f"rank {r} ({topo.label(r)}) pauses intermittently: {int(spikes[i])} of {len(steps)} "
+                 "num_spikes": len(spike_steps), "num_steps": len(steps), "component": "own work",
+                 "spike_clock": clock, "factor": round(math.exp(float(np.median(lr[i][on]))), 3)},
+                f"rank {r} ({topo.label(r)}) pauses intermittently: {len(spike_steps)} of {len(steps)} "
                 f"steps ~{pause_ns / 1e6:.0f} ms longer",
             ))
     findings = _one_per_pair(findings, groups, ranks)
@@ -710,6 +715,43 @@ def _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, si
             for c in COMPONENT_KIND if c != CPU_COMPONENT or c in measured
         },
     }
+
+
+def _spike_steps(lr: np.ndarray, sigma: float | None, config: StragglerConfig) -> np.ndarray:
+    """Per rank and step: own work (or a component) far above the stage peers' - more
+    than ``spike_z`` times the noise (the pool's MAD sigma ``sigma``, computed here when
+    None, or the rank's own MAD about its median where larger: sparse pauses barely move
+    it, and a rank on a noisy host does not count its noise as pauses) and at least
+    ``spike_min_effect``."""
+    if sigma is None:
+        sigma = max(mad_sigma(lr, float(np.median(lr))), 1e-3)
+    row_mad = MAD_TO_SIGMA * row_median(np.abs(lr - row_median(lr)[:, None]))
+    thr = np.maximum(math.log1p(config.spike_min_effect), config.spike_z * np.maximum(sigma, row_mad))
+    return lr > thr[:, None]
+
+
+def _pause_steps(i: int, on_wall: np.ndarray, spikes: np.ndarray, on_cpu: np.ndarray, spikes_cpu: np.ndarray,
+                 busy: np.ndarray, ref: np.ndarray, comps: dict, comp_refs: dict, measured: list[str],
+                 num_steps: int, config: StragglerConfig) -> tuple[np.ndarray, str] | None:
+    """Rank ``i``'s pause steps and the clock that showed them (``"wall"``: own work;
+    ``"cpu"``: the compute sections' thread CPU time), or None when it is not pausing.
+
+    The wall clock's spikes count unless they are the host's doing (:func:`_descheduled`).
+    Failing that, the CPU clock's, when they pass the same test against the other ranks'
+    CPU spikes, are isolated steps (at most a third of them next to another: a run of
+    slow steps is a slowdown starting, ending or coming and going, which the straggler
+    tests judge) and cost own work at least ``spike_min_effect`` on the wall clock
+    (median over the spike steps): a pause the step does not pay for is not reported."""
+    if _pauses(spikes, i, num_steps, config) and not _descheduled(
+            i, on_wall[i], busy, ref, comps, comp_refs, measured, config):
+        return on_wall[i], "wall"
+    if _pauses(spikes_cpu, i, num_steps, config):
+        on = on_cpu[i]
+        runs = int(np.count_nonzero(np.diff(np.nonzero(on)[0]) == 1))
+        if runs * 3 <= int(on.sum()) and (float(np.median(busy[i, on] - ref[i, on]))
+                                          >= config.spike_min_effect * float(np.median(ref[i, on]))):
+            return on, "cpu"
+    return None
 
 
 def _pauses(spikes: np.ndarray, i: int, num_steps: int, config: StragglerConfig) -> bool:
