@@ -196,3 +196,40 @@ def test_hardware_events_before_the_job_started_are_not_its_findings(store):
         assert fr.metrics.shape[0] == 1, name
         (hw,) = hw_findings(fr)
         assert hw.ranks == (5,) and hw.hosts == (host,), name
+
+
+def test_the_reduced_pass_gives_the_detector_the_ranks_arrival_evidence(store, monkeypatch):
+    """The reduced frames hold no per-op arrival rows; the detector's question "do peers
+    wait on this rank?" is answered from the reductions (``arrival_evidence``), with the
+    same figures the finding's evidence reports."""
+    from fleetscope.server.diagnosis import engine
+
+    job, f = _job(store, "rollup-evidence", **SCENARIOS["slow-compute-5"])
+    now = int(f["steps"]["end_ns"].max()) + 10**9
+    seen = {}
+    real = engine.detect_stragglers
+
+    def spy(*args, **kwargs):
+        seen["arrival_evidence"] = kwargs.get("arrival_evidence")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "detect_stragglers", spy)
+    red = diagnose(_info(job), load_reduced_frames(store, job.job, now, rollups.StepCache(),
+                                                   job.topo.world_size, job.num_mb), now)
+    ask = seen["arrival_evidence"]
+    assert callable(ask)
+    top = next(x for x in red.findings if x.ranks == (5,))
+    steps = list(range(top.last_step - 7, top.last_step + 1))
+    ev = ask([5, 4], steps)
+    assert set(ev) == {4, 5}
+    assert ev[5]["median_lateness_ms"] == top.evidence["median_lateness_ms"] > 0
+    assert ev[5]["last_arrival_frac"] == top.evidence["last_arrival_frac"]
+    raw_seen = {}
+
+    def spy_raw(*args, **kwargs):
+        raw_seen["arrival_evidence"] = kwargs.get("arrival_evidence")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "detect_stragglers", spy_raw)
+    diagnose(_info(job), load_job_frames(store, job.job, now), now)
+    assert raw_seen["arrival_evidence"] is None  # raw rows: the detector reads them itself

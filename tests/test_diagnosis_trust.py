@@ -733,6 +733,36 @@ def test_pauses_below_the_wall_clocks_noise_are_found_on_the_cpu_clock():
             assert found(job(seed, pause=False, slow=frozenset(slow))) == [], (seed, slow)
 
 
+def test_the_reduced_path_tells_the_detector_who_peers_wait_on():
+    """A slow data loader whose excess own work partly hides (the rank's compute shorter
+    in the same steps) is named only if peers wait on the rank (its median lateness at
+    collectives > 0). The reduced path has no per-op arrival rows: it hands the detector
+    the ranks' lateness from ClickHouse's reductions (``arrival_evidence``). Before, it
+    read none, and a 2x data loader in dp4 x pp2 that the raw rows named on 11 passes was
+    never named by the server (bench, 2026-12-05)."""
+    topo = Topology(dp=4, tp=1, pp=2)
+    bd = _frame(topo, 24, 0.05, 3, noisy_ranks=())
+    late = ((bd["rank"] == 5) & (bd["step"] >= 8)).to_numpy()
+    bd.loc[late, "dataloader_ns"] += 20 * MS
+    bd.loc[late, "compute_ns"] -= 19 * MS
+    bd.loc[late, "busy_ns"] += 1 * MS
+    asked = []
+
+    def evidence(lateness_ms: float):
+        def read(ranks: list[int], steps: list[int]) -> dict[int, dict]:
+            asked.append((ranks, steps))
+            return {r: {"median_lateness_ms": lateness_ms, "last_arrival_frac": 0.5} for r in ranks}
+        return read
+
+    def kinds(**kw) -> list:
+        return [(f.kind, f.ranks) for f in detect_stragglers("t", topo, bd, pd.DataFrame(), **kw)]
+
+    assert kinds(arrival_evidence=evidence(2.0)) == [(FindingKind.SLOW_DATALOADER, (5,))]
+    assert 5 in asked[-1][0] and asked[-1][1] == list(range(16, 24))
+    assert kinds(arrival_evidence=evidence(0.0)) == []  # nobody waits on it: work moved
+    assert kinds() == []  # no arrival rows and no reductions: nothing tells
+
+
 def test_a_straggler_named_on_its_cpu_clock_owns_its_neighbours_side_effect():
     """pp4 x dp2, a 1.3x compute straggler on rank 3 (bench, 2026-12-05): its own-work
     excess read ~0 on the noisy wall clock while its CPU clock measured 10 ms a step, so

@@ -103,18 +103,14 @@ def build_profile_reduced(info: JobInfo, red, breakdown: pd.DataFrame, arrivals:
     return replace(p, fwd_ns=mats["fwd"], bwd_ns=mats["bwd"], noise=noise)
 
 
-def add_arrival_evidence(findings: list[Finding], red, bd: pd.DataFrame, config) -> None:
-    """Per-rank arrival evidence of straggler findings (what the detector reads from per-op
-    arrival rows, which the reduced path does not have), from the per-rank-per-step
-    reductions over the same recent steps: how often the rank arrived last, its median
-    lateness (median over steps of the per-step medians), how long peers waited for it
-    per step and in which groups most."""
-    ranks = {f.ranks[0] for f in findings if f.kind in STRAGGLER_KINDS and len(f.ranks) == 1 and not f.group_id}
-    if not ranks or red.breakdown.empty or bd.empty:
-        return
-    counts = bd.groupby("step")["rank"].nunique()
-    full = counts[counts >= counts.max()].index.sort_values()
-    steps = list(full[-config.window_steps:])[-min(config.recent_steps, len(full)):]
+def reduced_arrival_evidence(red, bd: pd.DataFrame, ranks: list[int], steps: list[int]) -> dict[int, dict]:
+    """Per-rank arrival evidence (what the detector reads from per-op arrival rows, which
+    the reduced path does not have), from the per-rank-per-step reductions of ``steps``:
+    how often each of ``ranks`` arrived last, its median lateness (median over steps of
+    the per-step medians), how long peers waited for it per step and in which groups
+    most."""
+    if not ranks or not steps or red.breakdown.empty or bd.empty:
+        return {}
     b = red.breakdown[red.breakdown["step"].isin(steps) & red.breakdown["rank"].isin(ranks)]
     ev: dict[int, dict] = {}
     for r, g in b.groupby("rank"):
@@ -132,6 +128,19 @@ def add_arrival_evidence(findings: list[Finding], red, bd: pd.DataFrame, config)
             "peers_waited_ms_per_step": round(float(g["wait_caused_ns"].sum()) / 1e6 / max(len(steps), 1), 3),
             "waited_in_groups": top[:4],
         }
+    return ev
+
+
+def add_arrival_evidence(findings: list[Finding], red, bd: pd.DataFrame, config) -> None:
+    """:func:`reduced_arrival_evidence` of the straggler findings' ranks over the latest
+    ``recent_steps`` steps every rank completed, into their evidence."""
+    ranks = {f.ranks[0] for f in findings if f.kind in STRAGGLER_KINDS and len(f.ranks) == 1 and not f.group_id}
+    if not ranks or red.breakdown.empty or bd.empty:
+        return
+    counts = bd.groupby("step")["rank"].nunique()
+    full = counts[counts >= counts.max()].index.sort_values()
+    steps = list(full[-config.window_steps:])[-min(config.recent_steps, len(full)):]
+    ev = reduced_arrival_evidence(red, bd, sorted(ranks), steps)
     for f in findings:
         if f.kind in STRAGGLER_KINDS and len(f.ranks) == 1 and not f.group_id and f.ranks[0] in ev:
             f.evidence.update(ev[f.ranks[0]])
@@ -206,7 +215,12 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
         profile = build_profile_reduced(info, red, bd, arr, config.stragglers.recent_steps)
     else:
         profile = build_profile(info, frames, bd, arr, config.stragglers.recent_steps)
-    findings = detect_stragglers(info.job, topo, bd, arr, profile, hosts, config.stragglers)
+    # the reduced path has no per-op arrival rows: the detector reads the ranks' arrival
+    # evidence (lateness: do peers wait on it?) from the reductions instead
+    evidence = (None if red is None
+                else lambda ranks, steps: reduced_arrival_evidence(red, bd, ranks, steps))
+    findings = detect_stragglers(info.job, topo, bd, arr, profile, hosts, config.stragglers,
+                                 arrival_evidence=evidence)
     if red is not None:
         add_arrival_evidence(findings, red, bd, config.stragglers)
         findings += detect_mismatches(info.job, red.mismatch_rows)

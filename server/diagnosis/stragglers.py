@@ -25,6 +25,7 @@ Method (no per-scenario tuning; every threshold comes from the data's own noise)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -296,6 +297,7 @@ def detect_stragglers(
     profile: StepProfile | None = None,
     hosts: dict[int, str] | None = None,
     config: StragglerConfig = StragglerConfig(),
+    arrival_evidence: Callable[[list[int], list[int]], dict[int, dict]] | None = None,
 ) -> list[Finding]:
     """Persistent stragglers, GC-like pauses and slow links in the latest window.
 
@@ -307,6 +309,9 @@ def detect_stragglers(
         profile: what-if profile of the same window (for the estimated slowdown).
         hosts: rank -> host name, for the findings.
         config: thresholds.
+        arrival_evidence: (ranks, steps) -> per-rank arrival evidence (last-arrival
+            share, median lateness, peers' wait), where ``arrivals`` has no per-op rows
+            (the reduced path); None: computed from ``arrivals``.
 
     Returns:
         Findings, strongest first.
@@ -383,7 +388,12 @@ def detect_stragglers(
     # only ranks some test named, or with enough spikes to be pausing, are looked at (none
     # on a healthy job, which then needs no per-rank arrival evidence)
     looked = np.nonzero(named | (spikes >= config.min_spikes) | (spikes_cpu >= config.min_spikes))[0].tolist()
-    evidence = _arrival_evidence(arrivals, steps[-k:]) if looked else {}
+    if not looked:
+        evidence: dict[int, dict] = {}
+    elif arrival_evidence is not None:
+        evidence = arrival_evidence([ranks[i] for i in looked], steps[-k:])
+    else:
+        evidence = _arrival_evidence(arrivals, steps[-k:])
     waiting = _waiting_peers(arrivals, steps[-k:]) if looked else {}
     findings: list[Finding] = []
     for i in looked:
