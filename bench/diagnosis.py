@@ -174,6 +174,17 @@ SCENARIOS = [
              cls="crash"),
     # last: the fake GPU's throttle metrics belong to this host for the store's lookback
     # (600 s) and join every later job's findings on it, as a real host's would
+    # found outside the suite on 2026-12-05 (each missed then, or a new shape of a fault):
+    # a straggler that recovers, two in one stage, a 2x data loader and pauses on rank 0 in
+    # dp4 x pp2, a hang and a crash in a 4-stage pipeline
+    Scenario("recover-1.4x", [_s(6, 1.4, 8, until=20)], SC, {6}, 8, factor=1.4, steps=44),
+    Scenario("same-stage-two-1.4x", [_s(4, 1.4), _s(5, 1.4)], SC, {4, 5}, 8, layout=(1, 4, 2), factor=1.4,
+             cls="multi"),
+    Scenario("dataloader-2x-dp4xpp2", [_s(5, 2.0, section="dataloader")], {"slow_dataloader"}, {5}, 8,
+             layout=(4, 1, 2), factor=2.0),
+    Scenario("gc-rank0-dp4xpp2", ["gc:rank=0:every=4:pause_ms=300"], {"gc_pause"}, {0}, 3, layout=(4, 1, 2)),
+    Scenario("hang-compute-pp4", ["hang:rank=6:step=9:where=compute"], HANGS, {6}, 9, steps=60, layout=(2, 1, 4)),
+    Scenario("crash-pp4-middle", ["crash:rank=5:step=7"], HANGS, {5}, 7, steps=60, layout=(2, 1, 4), cls="crash"),
     Scenario("thermal-throttle", [_s(5, 1.5)], SC, {5}, 8, factor=1.5, throttle_rank=5, cls="thermal",
              paired=True),
 ]
