@@ -109,6 +109,48 @@ def test_sections_on_a_cpu_device_carry_the_threads_cpu_time():
     assert [s["cpu_ns"] for s in sink.rows("sections")] == [-1]
 
 
+def test_adjacent_sections_share_one_cpu_clock_reading():
+    """A section entered right after another ended on the same thread starts from that
+    end's CPU-clock reading (one syscall less); after a pause, or on another thread, it
+    reads the clock itself. Either way the sections' cpu_ns stay exact differences."""
+    import threading
+
+    sink = hooks.MemorySink()
+    rec = hooks.init(job="j", rank=0, sink=sink, config=FAST, trace_collectives=False)
+    reads: list[int] = []
+    clock = iter(range(1000, 10**6, 100))
+
+    def counting_clock() -> int:
+        reads.append(threading.get_ident())
+        return next(clock)
+
+    rec.thread_cpu_ns = counting_clock
+    with hooks.step(0):
+        for name in ("forward", "backward", "optimizer"):
+            with hooks.section(name):
+                pass
+    assert len(reads) == 4  # one entry reading, then each end's reading reused
+    time.sleep(0.01)  # a pause: the next section reads the clock at entry
+    with hooks.section("dataloader"):
+        pass
+    assert len(reads) == 6
+
+    def other() -> None:
+        with hooks.section("forward", kind="other"):
+            pass
+
+    with hooks.section("forward"):
+        pass
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert reads[-2] == reads[-1] == t.ident  # its own entry reading, not the main thread's
+    hooks.shutdown()
+    cpu = [s["cpu_ns"] for s in sink.rows("sections")]
+    assert cpu == [100, 100, 100, 100, 100, 100]
+    assert hooks.recorder.CPU_REUSE_NS == 20_000
+
+
 def test_inflight_records_while_inside_a_section():
     sink = hooks.MemorySink()
     hooks.init(job="j", rank=0, sink=sink, config=FAST, trace_collectives=False)

@@ -21,11 +21,13 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+from threading import get_ident
 from typing import Any, Literal
 
 from fleetscope.trainer_hooks import collectives, state
 from fleetscope.trainer_hooks.control import LEVELS, SECTIONS, STEPS, control_path, level_index
 from fleetscope.trainer_hooks.recorder import (
+    CPU_REUSE_NS,
     SECTION_KINDS,
     HookConfig,
     Recorder,
@@ -189,7 +191,12 @@ class _Section:
         cuda = rec.cuda
         ev0 = None if cuda is None else cuda.event()
         clock = rec.thread_cpu_ns
-        c0 = -1 if clock is None else clock()
+        if clock is None:
+            c0 = -1
+        else:  # right after a section's end on this thread: its reading (one syscall less)
+            t_end, tid, c0 = rec.cpu_exit
+            if t_in - t_end > CPU_REUSE_NS or tid != get_ident():
+                c0 = clock()
         t0 = perf_ns()
         # one list: the in-flight marker on the stack, then (completed) the queued record
         item = self.item = ["S", self.name, self.kind, rec.step, mb, t0, -1, ev0, None, c0, -1]
@@ -207,7 +214,8 @@ class _Section:
         if rec.cuda is not None:
             item[8] = rec.cuda.event()
         elif item[9] >= 0:
-            item[10] = rec.thread_cpu_ns()
+            item[10] = c1 = rec.thread_cpu_ns()
+            rec.cpu_exit = (t1, get_ident(), c1)
         stack = rec.stack
         if stack:
             stack.pop()

@@ -70,6 +70,10 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
+CPU_REUSE_NS = 20_000
+"""A section entered within this long after the last section ended on the same thread
+reuses that end's CPU-clock reading (see :attr:`HookConfig.section_cpu_time`)."""
+
 UNRESOLVED_MAX = 32
 """Synchronous CPU ops whose tensor is read (bytes, dtype) later, at most; see
 ``Recorder.unresolved``."""
@@ -131,7 +135,11 @@ class HookConfig:
     """Where the device is not CUDA (the CPU is the device), also record each section's
     ``cpu_ns``: the CPU time of the thread that ran it (two ``clock_gettime`` calls,
     ~0.6 µs each). It is the CPU's counterpart of a CUDA event's device time: the rank's
-    own work, without the time it waited for a core or blocked in communication."""
+    own work, without the time it waited for a core or blocked in communication.
+    A section entered on the same thread within ``CPU_REUSE_NS`` (20 µs) of the last
+    section's end reuses that end's reading instead of a second call (adjacent sections
+    such as forward, backward, optimizer): the CPU of that gap, at most 20 µs, counts
+    towards the new section."""
 
 
 class Recorder:
@@ -193,6 +201,9 @@ class Recorder:
             self.cuda = CudaTimer(torch, device, max_errors=self.config.max_cuda_errors)
         self.thread_cpu_ns = time.thread_time_ns if self.cuda is None and self.config.section_cpu_time else None
         """The sections' CPU-time clock (:attr:`HookConfig.section_cpu_time`), or None."""
+        self.cpu_exit: tuple[int, int, int] = (0, 0, 0)
+        """``(perf ns, thread id, CPU ns)`` of the last section end's CPU-clock reading
+        (one tuple, replaced whole: threads read it without a lock)."""
         self.cpu = CpuClock()
         # background-thread state
         self.started_ns = time.time_ns()
@@ -434,9 +445,12 @@ class Recorder:
                 took = [t1 - t0 if t1 >= 0 else -1 for t0, t1 in zip(t_enq, t_done)]
                 states = [s if t >= 0 or s != "completed" else "started"
                           for s, t in zip(states, t_done)]
+            dnames = list(map(_DTYPE_NAMES.get, dtypes))  # dtypes seen before (usual)
+            if None in dnames:
+                dnames = list(map(dtype_name, dtypes))
             self._extend("collectives", (
                 coll_steps, mbs, gids, axes, granks, gsizes, seqs, names, nbytes,
-                list(map(dtype_name, dtypes)), peers, states, enq, enq, done, took))
+                dnames, peers, states, enq, enq, done, took))
         late = []
         for item in one_by_one:
             try:
