@@ -13,7 +13,10 @@ their order alternating by seed, so both see the same machine load), which gives
   band at all?), the same slowdown with each run against its own steps before onset,
   and the peers' compute faulty / clean (did the fault free CPU for its peers?);
 * the injected factor against the finding's reported ``factor``;
-* false findings on clean runs (each clean run counts in precision).
+* false findings on clean runs (each clean run counts in precision). A
+  ``host_contention`` finding (a rank's compute waited for a core: its wall clock up,
+  its thread's CPU time at its peers') is the host's doing and counts on a line of its
+  own, neither hit nor false; an injected straggler named so is a miss.
 
 Per run it prints the culprit, kind, extra finding kinds, factor vs injected, what-if vs
 measured and the time from fault onset (the rank's own step records in the spool) to
@@ -64,6 +67,10 @@ from fleetscope import codec, spool
 PY = sys.executable
 STRAGGLER = {"slow_compute", "slow_dataloader", "late_arrival", "slow_link", "gc_pause"}
 HANGS = {"hang"}
+CONTENTION = "host_contention"
+"""A rank whose compute waited for a core (wall clock up, its thread's CPU time at its
+peers'): the host's doing, which this 2-core machine causes; neither a hit nor a false
+finding, counted on its own line. An injected straggler named so is a miss."""
 HANG_WEBHOOK_TARGET_S = 30.0
 MODEL = ["--hidden", "128", "--seq-len", "64", "--microbatches", "4", "--load-cost-ms", "5"]
 """The trainer's model (``--hidden``/``--seq-len`` replace its sizes). On 2 shared cores the
@@ -1053,6 +1060,10 @@ def summarize(pairs: list[tuple[Scenario, Result]]) -> int:
               f"max {max(fast):.1f} s over {len(fast)} runs")
         if med > TO_FINDING_TARGET_S:
             missed.append("time to finding")
+    waited = [(sc.name + ("-clean" if r.clean else ""), r.seed) for sc, r in pairs if CONTENTION in r.kinds]
+    if waited:  # the host's doing, told apart from a slow rank by the CPU clock: not false
+        print(f"runs with a {CONTENTION} finding (a rank waited for a core; not counted as a "
+              f"straggler): {len(waited)}/{len(pairs)}: {waited}")
     clean = [(sc, r) for sc, r in pairs if r.clean or not sc.expect_kinds]
     if clean:
         judged = STRAGGLER | HANGS

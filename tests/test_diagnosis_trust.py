@@ -21,7 +21,7 @@ from fleetscope.server.diagnosis.findings import (
 from fleetscope.server.diagnosis.hangs import keep_culprits
 from fleetscope.server.diagnosis.sequential import cusum, expected_delay
 from fleetscope.server.diagnosis.story import fold_secondary
-from fleetscope.server.diagnosis.stragglers import detect_stragglers
+from fleetscope.server.diagnosis.stragglers import STRAGGLER_KINDS, detect_stragglers
 from fleetscope.server.diagnosis.whatif import profile_from_frames
 
 from fleetscope.topology import Topology
@@ -596,10 +596,11 @@ def test_cpu_time_names_a_1_2x_compute_straggler_that_wall_noise_hides():
         assert detect_stragglers("t", topo, wall_only, pd.DataFrame()) == []
 
 
-def test_a_rank_that_waits_for_a_core_is_told_by_the_wall_clock():
+def test_a_rank_that_waits_for_a_core_is_host_contention_on_the_wall_clock():
     """A rank whose wall-clock compute is 2.5x its peers' while its CPU clock is not (it
-    was descheduled, or slept: no more work) is named on the wall clock, with the wall
-    clock's factor: the CPU clock reports a finding only where it shows the excess too."""
+    was descheduled, or blocked: no more work) is named on the wall clock, with the wall
+    clock's factor, as ``host_contention``: its work is not slower, its thread was off the
+    CPU. The same excess on both clocks is ``slow_compute``."""
     topo = Topology(dp=2, tp=2, pp=2)
     for seed in range(3):
         bd = _cpu_clock_frame(topo, seed, None)
@@ -607,9 +608,54 @@ def test_a_rank_that_waits_for_a_core_is_told_by_the_wall_clock():
         bd.loc[hit, "busy_ns"] += 1.5 * bd.loc[hit, "compute_ns"]
         bd.loc[hit, "compute_ns"] *= 2.5
         found = detect_stragglers("t", topo, bd, pd.DataFrame())
-        assert [(f.kind, f.ranks) for f in found] == [(FindingKind.SLOW_COMPUTE, (5,))], seed
+        assert [(f.kind, f.ranks) for f in found] == [(FindingKind.HOST_CONTENTION, (5,))], seed
         # the wall clock's noise here is 0.5 per step: its factor is that loose
         assert found[0].component == "compute" and found[0].factor == pytest.approx(2.5, rel=0.35), seed
+        ev = found[0].evidence
+        assert ev["cpu_factor"] == pytest.approx(1.0, abs=0.05) and ev["off_cpu_excess_ms"] > 0
+        assert "waits for a CPU core" in found[0].summary and "job ~" in found[0].summary
+        assert found[0].est_slowdown > 0  # it still slows the job: alert rules see it
+        assert FindingKind.HOST_CONTENTION in STRAGGLER_KINDS
+        # the same work on the CPU clock too: the rank itself is slow
+        bd.loc[hit, "compute_cpu_ns"] *= 2.5
+        found = detect_stragglers("t", topo, bd, pd.DataFrame())
+        assert [(f.kind, f.ranks) for f in found] == [(FindingKind.SLOW_COMPUTE, (5,))], seed
+        assert found[0].component == "compute (CPU time)"
+        # without the CPU clock (a CUDA rank) nothing tells the two apart
+        found = detect_stragglers("t", topo, bd.assign(compute_cpu_ns=0), pd.DataFrame())
+        assert [(f.kind, f.ranks) for f in found] == [(FindingKind.SLOW_COMPUTE, (5,))], seed
+
+
+def test_host_contention_needs_the_recent_steps_and_flat_cpu_on_average():
+    """Not contention: a core lost over fewer than the recent steps (8), here after a
+    slow spell on both clocks (the scheduler's fairness hands a rank that burned CPU less
+    of it next); nor a rank that burns 1.3x the CPU on every fourth step, whose median
+    step's CPU clock is at its peers' but whose CPU sum is not (an intermittent
+    straggler is slow itself). Both are still named, as ``slow_compute``."""
+    topo = Topology(dp=2, tp=2, pp=2)
+
+    def stretch(bd: pd.DataFrame, mask: np.ndarray, factor: float, cpu: float) -> None:
+        bd.loc[mask, "busy_ns"] += (factor - 1) * bd.loc[mask, "compute_ns"]
+        bd.loc[mask, "compute_ns"] *= factor
+        bd.loc[mask, "compute_cpu_ns"] *= cpu
+
+    for seed in range(4):
+        bd = _cpu_clock_frame(topo, seed, None)
+        r5 = bd["rank"] == 5
+        stretch(bd, (r5 & bd["step"].between(12, 23)).to_numpy(), 2.0, 2.0)
+        stretch(bd, (r5 & (bd["step"] >= 27)).to_numpy(), 2.5, 1.0)
+        found = detect_stragglers("t", topo, bd, pd.DataFrame())
+        assert FindingKind.HOST_CONTENTION not in {f.kind for f in found}, seed
+        if seed == 3:  # judged on the last 7 steps: named, as slow_compute
+            assert [(f.kind, f.ranks, f.evidence["judged_steps"]) for f in found] == [
+                (FindingKind.SLOW_COMPUTE, (5,), 7)]
+
+        bd = _cpu_clock_frame(topo, seed, None)
+        late = ((bd["rank"] == 5) & (bd["step"] >= 12)).to_numpy()
+        stretch(bd, late, 2.5, 1.0)
+        bd.loc[late & (bd["step"] % 4 == 0).to_numpy(), "compute_cpu_ns"] *= 1.3
+        found = detect_stragglers("t", topo, bd, pd.DataFrame())
+        assert [(f.kind, f.ranks) for f in found] == [(FindingKind.SLOW_COMPUTE, (5,))], seed
 
 
 def test_factor_interval_says_how_little_a_few_steps_tell():

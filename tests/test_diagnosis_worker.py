@@ -19,7 +19,7 @@ from tests.helpers.server import running_server
 from tests.helpers.synthetic import SynthJob
 
 S = 1_000_000_000
-KINDS = {"slow_compute", "slow_dataloader", "late_arrival", "slow_link", "gc_pause"}
+KINDS = {"slow_compute", "slow_dataloader", "late_arrival", "slow_link", "gc_pause", "host_contention"}
 
 
 def test_two_workers_never_hold_one_job(tmp_path):

@@ -30,7 +30,8 @@ HEATMAP_MAX_ROWS = 160
 """About one row per 3 px of the 460 px heat-map; more rows are invisible anyway."""
 HEATMAP_MAX_COLS = 200
 GRID_MAX_CELLS = 4096
-STRAGGLER_KINDS = {"slow_compute", "slow_dataloader", "late_arrival", "gc_pause", "straggler"}
+STRAGGLER_KINDS = {"slow_compute", "slow_dataloader", "late_arrival", "gc_pause", "host_contention",
+                   "straggler"}
 
 
 def heatmap_params(metric: str, agg: str, from_step: int | None, to_step: int | None) -> dict[str, Any]:

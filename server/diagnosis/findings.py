@@ -24,6 +24,11 @@ class FindingKind(str, enum.Enum):
     """A process group's transfers are slow while its members' compute is normal."""
     GC_PAUSE = "gc_pause"
     """Intermittent long pauses on one rank (garbage-collector-like)."""
+    HOST_CONTENTION = "host_contention"
+    """A rank's compute takes longer than its peers' on the wall clock while its thread's
+    CPU time stays at their level: it waits for a CPU core (an oversubscribed host, a
+    noisy neighbour), its own work is not slower. Only where the sections' CPU clock is
+    measured (the CPU is the device)."""
     HANG = "hang"
     """No step (or no traced op anywhere in the job) completed for longer than its stall
     threshold."""
@@ -44,6 +49,7 @@ STRAGGLER_KINDS = frozenset(
         FindingKind.LATE_ARRIVAL,
         FindingKind.SLOW_LINK,
         FindingKind.GC_PAUSE,
+        FindingKind.HOST_CONTENTION,
     }
 )
 

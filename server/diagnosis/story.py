@@ -36,7 +36,8 @@ from fleetscope.topology import Topology
 from .findings import Finding, FindingKind, as_secondary, finding_cost
 
 PRIMARY_KINDS = frozenset({FindingKind.SLOW_COMPUTE, FindingKind.SLOW_DATALOADER,
-                           FindingKind.LATE_ARRIVAL, FindingKind.SLOW_LINK})
+                           FindingKind.LATE_ARRIVAL, FindingKind.SLOW_LINK,
+                           FindingKind.HOST_CONTENTION})
 THROTTLE_METRIC = "gpu.throttle_reasons"
 SIDE_EFFECT_RATIO = 4.0
 """A neighbour's straggler finding costing less than 1/4 of a primary's is its side effect."""

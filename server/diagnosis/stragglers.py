@@ -48,7 +48,7 @@ COMPONENT_KIND = {
     "other_ns": FindingKind.LATE_ARRIVAL,
     "compute_cpu_ns": FindingKind.SLOW_COMPUTE,
 }
-STRAGGLER_KINDS = frozenset(COMPONENT_KIND.values())
+STRAGGLER_KINDS = frozenset(COMPONENT_KIND.values()) | {FindingKind.HOST_CONTENTION}
 MEASURED = ("compute_ns", "dataloader_ns", "optimizer_ns", "untimed_ns", "compute_cpu_ns")
 """Components tested on their own (``other_ns`` - e.g. a gradient-sync section net of
 its communication - is too small and noisy to judge alone). ``compute_cpu_ns`` (the
@@ -429,6 +429,19 @@ def detect_stragglers(
                 # (where it does not, the rank waited for a core: the wall clock tells it)
                 comp = CPU_COMPONENT
             kind = COMPONENT_KIND[comp]
+            judged = np.zeros(len(steps), dtype=bool)
+            judged[-n:] = True
+            if comp == "compute_ns" and n >= k and _off_cpu(i, judged, busy, ref, comps, comp_refs, measured,
+                                                 config.off_cpu_share, config.min_effect) and (
+                    float(comps[CPU_COMPONENT][i, -n:].sum())
+                    <= (1 + config.min_effect) * float(comp_refs[CPU_COMPONENT][i, -n:].sum())):
+                # the wall clock's compute excess is time off the CPU, the thread's CPU time
+                # is at its peers' (median and mean: a rank that burns more CPU on some of
+                # the steps, an intermittent straggler, is slow itself), over at least the
+                # recent steps (a core lost for a few steps is the scheduler's noise, or its
+                # fairness: a rank that burned more CPU gets less of it next): the rank
+                # waited for a core, its work is not slower
+                kind = FindingKind.HOST_CONTENTION
             score = float(score_busy[i]) if persistent[i] else float(max(comp_score[c][i] for c in hits))
             excess_ns = float(np.median(busy[i, -n:] - ref[i, -n:]))
             if (not persistent[i] and CPU_COMPONENT not in hits and excess_ns < ex[comp] / 2
@@ -451,6 +464,12 @@ def detect_stragglers(
                                   measured)
             base.update(evidence.get(r, {}))
             base["significant_components"] = [c[:-3] for c in hits]
+            if kind == FindingKind.HOST_CONTENTION:
+                cpu_factor = _factor(comps[CPU_COMPONENT][i, -n:], comp_refs[CPU_COMPONENT][i, -n:])
+                off_ex = (comps["compute_ns"][i, -n:] - comps[CPU_COMPONENT][i, -n:]) - (
+                    comp_refs["compute_ns"][i, -n:] - comp_refs[CPU_COMPONENT][i, -n:])
+                base.update(cpu_factor=round(cpu_factor, 3),
+                            off_cpu_excess_ms=round(float(np.median(off_ex)) / 1e6, 3))
             base.update(component=COMPONENT_NAME[comp], factor=round(factor, 3),
                         factor_interval=[round(lo, 3), round(hi, 3)],
                         own_work_factor=round(busy_factor, 3), judged_steps=n,
@@ -466,9 +485,11 @@ def detect_stragglers(
                                     "change_step": steps[int(seq.onset[i])], "flagged": bool(seq.hit[i])})
             f = _finding(job, kind, [r], score, first, steps[-1], hosts, profile,
                          excess_ns / max(step_ns, 1.0), base, "", suspects=suspects)
-            findings.append(replace(f, factor=round(factor, 3), component=COMPONENT_NAME[comp],
-                                    summary=_summary(topo, r, COMPONENT_NAME[comp], factor, f.est_slowdown,
-                                                     None if slow is None else (int(slow.sum()), n))))
+            summary = _summary(topo, r, COMPONENT_NAME[comp], factor, f.est_slowdown,
+                               None if slow is None else (int(slow.sum()), n))
+            if kind == FindingKind.HOST_CONTENTION:
+                summary = _contention_summary(topo, r, factor, base["cpu_factor"], f.est_slowdown)
+            findings.append(replace(f, factor=round(factor, 3), component=COMPONENT_NAME[comp], summary=summary))
         elif (pause := _pause_steps(i, spike_on, spikes, spike_on_cpu, spikes_cpu, busy, ref, comps, comp_refs,
                                     measured, len(steps), config)) is not None:
             on, clock = pause
@@ -666,6 +687,13 @@ def _summary(topo: Topology, rank: int, component: str, factor: float, slowdown:
             f"job ~{slowdown:.0%} slower")
 
 
+def _contention_summary(topo: Topology, rank: int, factor: float, cpu_factor: float, slowdown: float) -> str:
+    """A host-contention finding in an operator's words."""
+    return (f"rank {rank} ({topo.label(rank)}): compute {factor:.2f}x its stage peers' wall time at "
+            f"{cpu_factor:.2f}x their CPU time - it waits for a CPU core (host oversubscribed); "
+            f"job ~{slowdown:.0%} slower")
+
+
 def _two_state(x: np.ndarray, ref: np.ndarray, sigma: float, config: StragglerConfig) -> np.ndarray | None:
     """Which of a finding's judged steps were slow, when the rank switched between its
     peers' pace and a slower one (an intermittent fault) rather than running slower
@@ -779,13 +807,21 @@ def _pauses(spikes: np.ndarray, i: int, num_steps: int, config: StragglerConfig)
 
 def _descheduled(i: int, on: np.ndarray, busy: np.ndarray, ref: np.ndarray, comps: dict, comp_refs: dict,
                  measured: list[str], config: StragglerConfig) -> bool:
-    """Rank ``i``'s spikes (steps ``on``) are its host's doing, not a pause of its own: at
-    least ``off_cpu_share`` of their excess is compute time spent off the CPU (wall minus
-    CPU clock, beyond the peers'), and the CPU clock shows no spike there (its median
-    excess ratio below ``spike_min_effect``): the thread waited for a core. A collector
+    """Rank ``i``'s spikes (steps ``on``) are its host's doing, not a pause of its own
+    (:func:`_off_cpu`, the CPU clock's spike threshold ``spike_min_effect``): a collector
     runs on the CPU, so its pauses show on the CPU clock too, however few of the wall
-    clock's milliseconds an oversubscribed host lets it run. Only where the CPU clock is
-    measured on every spike step; elsewhere (CUDA ranks) nothing tells."""
+    clock's milliseconds an oversubscribed host lets it run."""
+    return _off_cpu(i, on, busy, ref, comps, comp_refs, measured, config.off_cpu_share,
+                    config.spike_min_effect)
+
+
+def _off_cpu(i: int, on: np.ndarray, busy: np.ndarray, ref: np.ndarray, comps: dict, comp_refs: dict,
+             measured: list[str], share: float, cpu_effect: float) -> bool:
+    """Rank ``i``'s excess own work over steps ``on`` is time its thread waited for a core:
+    at least ``share`` of it is compute time spent off the CPU (wall minus CPU clock,
+    beyond the peers'), and the CPU clock's median excess ratio there is below
+    ``cpu_effect``. Only where the CPU clock is measured on every one of those steps;
+    elsewhere (CUDA ranks) nothing tells."""
     if CPU_COMPONENT not in measured or not on.any():
         return False
     cpu, cpu_peers = comps[CPU_COMPONENT][i, on], comp_refs[CPU_COMPONENT][i, on]
@@ -794,9 +830,9 @@ def _descheduled(i: int, on: np.ndarray, busy: np.ndarray, ref: np.ndarray, comp
     off = comps["compute_ns"][i, on] - cpu
     off_peers = comp_refs["compute_ns"][i, on] - cpu_peers
     excess = float((busy[i, on] - ref[i, on]).sum())
-    if excess <= 0 or float((off - off_peers).sum()) < config.off_cpu_share * excess:
+    if excess <= 0 or float((off - off_peers).sum()) < share * excess:
         return False
-    return float(np.median(_log_ratio(cpu, cpu_peers))) < math.log1p(config.spike_min_effect)
+    return float(np.median(_log_ratio(cpu, cpu_peers))) < math.log1p(cpu_effect)
 
 
 def _one_per_pair(findings: list[Finding], groups: dict[int, list[int]], ranks: list[int]) -> list[Finding]:

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 from fleetscope.server.api.deps import SessionDep, StoreDep
 from fleetscope.server.db.diagnosis_models import Incident
+from fleetscope.server.diagnosis.findings import STRAGGLER_KINDS
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
@@ -44,9 +45,6 @@ class HostOut(BaseModel):
     incidents: list[dict[str, Any]]
     log_events: list[dict[str, Any]]
     selfcheck: Any = Field(None, description="self-check summary (fleet-relative scores) if available")
-
-
-STRAGGLER_KINDS = ("slow_compute", "slow_dataloader", "late_arrival", "slow_link", "gc_pause")
 
 
 @router.get("/hosts/{host}", response_model=HostOut)
