@@ -87,6 +87,9 @@ def test_rules_thresholds(db):
         assert not rule_matches(rule, inc)
         inc.est_slowdown, inc.last_step = 0.2, 12
         assert not rule_matches(rule, inc)  # not persistent enough yet
+        # a rank that waits for a core slows the job like a straggler: the same rule
+        assert rule_matches(rule, Incident(job="j", kind="host_contention", est_slowdown=0.2,
+                                           first_step=10, last_step=30))
         rule.job = "other"
         assert not rule_matches(rule, Incident(job="j", kind="slow_compute", est_slowdown=0.2,
                                                first_step=0, last_step=30))
