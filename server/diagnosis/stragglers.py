@@ -370,10 +370,16 @@ def detect_stragglers(
         top = _top_test(comps[c], groups, config)
         run = np.where(hit, run, np.where(top, min(config.top_steps, len(steps)), k))
         ex_c = _tail_medians(comps[c] - comp_refs[c], run)
-        if c == CPU_COMPONENT:  # what the step pays: the wall-clock compute excess, if larger
-            ex_c = np.maximum(ex_c, _tail_medians(comps["compute_ns"] - comp_refs["compute_ns"], run))
         material = np.maximum(config.min_effect * _tail_medians(ref, run), config.min_step_frac * step_ns)
-        comp_hit[c] = (hit | top) & (ex_c >= material)
+        floor = np.ones(len(ranks), dtype=bool)
+        if c == CPU_COMPONENT:
+            # the CPU clock's own excess must reach the reporting floor (a steady 2% that
+            # its low noise makes significant is no slowdown to report, even where the
+            # wall clock's compute shows more: that more is time off the CPU)...
+            floor = ex_c >= config.min_effect * _tail_medians(comp_refs[c], run)
+            # ...and what the step pays is the wall-clock compute excess, if larger
+            ex_c = np.maximum(ex_c, _tail_medians(comps["compute_ns"] - comp_refs["compute_ns"], run))
+        comp_hit[c] = (hit | top) & (ex_c >= material) & floor
         comp_score[c], comp_run[c] = sc, run
     # pauses, on the wall clock; where the sections' CPU clock is measured also on it (a
     # collector runs on the CPU): a host whose wall clock is too noisy to show a pause
