@@ -435,10 +435,9 @@ def detect_stragglers(
                 # (where it does not, the rank waited for a core: the wall clock tells it)
                 comp = CPU_COMPONENT
             kind = COMPONENT_KIND[comp]
-            judged = np.zeros(len(steps), dtype=bool)
-            judged[-n:] = True
-            if comp == "compute_ns" and n >= k and _off_cpu(i, judged, busy, ref, comps, comp_refs, measured,
-                                                 config.off_cpu_share, config.min_effect) and (
+            if comp == "compute_ns" and n >= k and _off_cpu(i, np.arange(len(steps)) >= len(steps) - n, busy,
+                                                            ref, comps, comp_refs, measured,
+                                                            config.off_cpu_share, config.min_effect) and (
                     float(comps[CPU_COMPONENT][i, -n:].sum())
                     <= (1 + config.min_effect) * float(comp_refs[CPU_COMPONENT][i, -n:].sum())):
                 # the wall clock's compute excess is time off the CPU, the thread's CPU time
