@@ -911,9 +911,51 @@ def test_in_a_two_rank_stage_the_stragglers_peer_is_not_a_second_straggler():
         found = detect_stragglers("t", topo, bd, arr)
         assert [(x.kind, x.ranks) for x in found] == [(FindingKind.SLOW_COMPUTE, (3,))], seed
         assert found[0].evidence["secondary"][0]["ranks"] == [2], seed
-        keep = st._one_per_pair
+        keep = st._one_per_pair, st._against_unnamed_peers
         try:  # without the rule the peer is named too: the case above is the one it covers
             st._one_per_pair = lambda fs, g, r: fs
+            st._against_unnamed_peers = lambda fs, *a: fs  # which also folds it (no unnamed peer)
             assert {x.ranks for x in detect_stragglers("t", topo, bd, arr)} == {(2,), (3,)}, seed
+            st._one_per_pair = keep[0]
+            assert [x.ranks for x in detect_stragglers("t", topo, bd, arr)] == [(3,)], seed
         finally:
-            st._one_per_pair = keep
+            st._one_per_pair, st._against_unnamed_peers = keep
+
+
+def test_a_finding_is_judged_again_without_the_stragglers_named_before_it():
+    """Two compute stragglers in a stage of four spend less of their step in untimed host
+    work; each healthy rank's leave-one-out median is then a straggler's, and both healthy
+    ranks read "untimed host work 3x" (the suite's ``three-stragglers`` read it on ranks
+    5 and 6). Judged against the stage's ranks nothing names, those findings go into the
+    strongest straggler's secondary evidence; a second straggler, and a healthy rank
+    whose untimed work is 2x its unnamed peer's, stand."""
+    from fleetscope.server.diagnosis.stragglers import StragglerConfig, _against_unnamed_peers
+
+    rng = np.random.default_rng(0)
+    steps = 12
+    noise = np.exp(0.05 * rng.standard_normal((8, steps)))
+    compute = 30 * MS * noise
+    compute[[4, 7]] *= 1.5
+    untimed = 30 * MS * noise[::-1]
+    untimed[[4, 7]] = 10 * MS
+    comps = {"compute_ns": compute, "untimed_ns": untimed}
+    groups = {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}
+    ranks = list(range(8))
+
+    def judged(kind, rank, component, slowdown):
+        return _f(kind, [rank], est_slowdown=slowdown, component=component, evidence={"judged_steps": 10})
+
+    strag4 = judged(FindingKind.SLOW_COMPUTE, 4, "compute", 0.14)
+    strag7 = judged(FindingKind.SLOW_COMPUTE, 7, "compute", 0.03)
+    victims = [judged(FindingKind.LATE_ARRIVAL, r, "untimed host work", 0.0) for r in (5, 6)]
+    out = _against_unnamed_peers([strag4, strag7, *victims], groups, ranks, comps, StragglerConfig())
+    assert [f.ranks for f in out] == [(4,), (7,)]
+    assert [s["ranks"] for s in out[0].evidence["secondary"]] == [[5], [6]]
+    assert "secondary" not in out[1].evidence
+
+    untimed[6] *= 2  # rank 6 does twice the untimed work of rank 5, its one unnamed peer
+    out = _against_unnamed_peers([strag4, strag7, *victims], groups, ranks, comps, StragglerConfig())
+    assert [f.ranks for f in out] == [(4,), (7,), (6,)]
+    # a stage without a named rank is left as it was
+    lone = judged(FindingKind.LATE_ARRIVAL, 1, "untimed host work", 0.0)
+    assert _against_unnamed_peers([strag4, lone], groups, ranks, comps, StragglerConfig()) == [strag4, lone]

@@ -514,6 +514,7 @@ def detect_stragglers(
                 f"steps ~{pause_ns / 1e6:.0f} ms longer",
             ))
     findings = _one_per_pair(findings, groups, ranks)
+    findings = _against_unnamed_peers(findings, groups, ranks, comps, config)
     flagged = {r for f in findings for r in f.ranks}
     findings += _slow_links(job, topo, arrivals, steps, flagged, step_ns, hosts, profile, config)
     return sorted(findings, key=lambda f: (-f.est_slowdown, -f.score))
@@ -865,6 +866,49 @@ def _one_per_pair(findings: list[Finding], groups: dict[int, list[int]], ranks: 
                                      "secondary": f.evidence.get("secondary", []) + [as_secondary(twin)]})
         out.append(f)
     return out
+
+
+_COMPONENT_BY_NAME = {name: c for c, name in COMPONENT_NAME.items()}
+
+
+def _against_unnamed_peers(findings: list[Finding], groups: dict[int, list[int]], ranks: list[int],
+                           comps: dict[str, np.ndarray], config: StragglerConfig) -> list[Finding]:
+    """Each rank's finding judged again without the stragglers named before it.
+
+    A rank is measured against the median of its stage peers; where two of its three
+    peers are stragglers, that median is a straggler's, and a healthy rank reads as
+    slow on whatever the stragglers show less of (the untimed host work they spend
+    computing). Strongest first (the order the findings are reported in), a finding
+    whose stage holds a rank named before it stands only if its component is still at
+    least ``min_effect`` above the median of the stage's ranks named by nothing yet kept,
+    over the same judged steps; with no such peer left it cannot be told from them and
+    is dropped. Only the few named ranks are looked at again: O(findings x stage size x
+    judged steps)."""
+    if len(findings) < 2:
+        return findings
+    pos = {r: i for i, r in enumerate(ranks)}
+    stage_of = {i: st for st, members in groups.items() for i in members}
+    kept: list[Finding] = []
+    named: set[int] = set()
+    for f in sorted(findings, key=lambda f: (-f.est_slowdown, -f.score)):
+        comp = _COMPONENT_BY_NAME.get(f.component or "")
+        i = pos.get(f.ranks[0], -1) if len(f.ranks) == 1 else -1
+        n = int(f.evidence.get("judged_steps") or 0)
+        peers = [j for j in groups.get(stage_of.get(i, -1), []) if j != i]
+        if comp is None or i < 0 or n <= 0 or f.kind not in STRAGGLER_KINDS or not set(peers) & named:
+            kept.append(f)
+            named.add(i)
+            continue
+        free = [j for j in peers if j not in named]
+        if free and _factor(comps[comp][i, -n:], np.median(comps[comp][free, -n:], axis=0)) >= 1 + config.min_effect:
+            kept.append(f)
+            named.add(i)
+            continue
+        # the stage's strongest straggler carries it as a secondary effect
+        k = next(k for k, g in enumerate(kept) if len(g.ranks) == 1 and pos.get(g.ranks[0], -1) in peers)
+        kept[k] = replace(kept[k], evidence={**kept[k].evidence, "secondary": kept[k].evidence.get(
+            "secondary", []) + [as_secondary(f)]})
+    return kept if len(kept) < len(findings) else findings
 
 
 def _waiting_peers(arr: pd.DataFrame, steps: list[int]) -> dict[int, list[dict]]:
