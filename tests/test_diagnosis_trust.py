@@ -888,6 +888,12 @@ def test_in_a_two_rank_stage_the_stragglers_peer_is_not_a_second_straggler():
     assert [x.ranks for x in out] == [(3,)] and out[0].evidence["secondary"][0]["ranks"] == [2]
     four = {0: [0, 1, 2, 3]}
     assert _one_per_pair([mirror, slow], four, [0, 1, 2, 3]) == [mirror, slow]
+    # the mirror on untimed work goes even where it reads costlier than the straggler (pp4
+    # seed 0, 2026-12-05: "untimed host work 13.07x, job ~4% slower" named on the passes
+    # where its partner's 1.3x compute read less, alternating with it)
+    costly_mirror = f(2, FindingKind.LATE_ARRIVAL, 60.0)
+    out = _one_per_pair([costly_mirror, slow], two, [0, 1, 2, 3])
+    assert [x.ranks for x in out] == [(3,)] and out[0].evidence["secondary"][0]["ranks"] == [2]
     # a straggler with no finding on its peer, or on another stage's rank, is untouched
     other = f(0, FindingKind.SLOW_DATALOADER, 13.0)
     assert _one_per_pair([other, slow], two, [0, 1, 2, 3]) == [other, slow]

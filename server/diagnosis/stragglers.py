@@ -900,18 +900,27 @@ def _off_cpu(i: int, on: np.ndarray, busy: np.ndarray, ref: np.ndarray, comps: d
     return float(np.median(_log_ratio(cpu, cpu_peers))) < math.log1p(cpu_effect)
 
 
+def _mirror_rank(f: Finding) -> tuple[bool, float, float]:
+    """Which of a 2-rank stage's two findings is the cause (the larger): one on a timed
+    section's work before one on untimed host work (the residual of the step, where the
+    partner of a slow rank shows the time it spent waiting outside traced ops), then the
+    costlier, then the stronger."""
+    return f.kind != FindingKind.LATE_ARRIVAL, finding_cost(f), f.score
+
+
 def _one_per_pair(findings: list[Finding], groups: dict[int, list[int]], ranks: list[int]) -> list[Finding]:
     """In a stage of two ranks each is measured against the other, so each component's
     ratio of one is the inverse of the other's: when both are named (the straggler on its
-    compute, its peer on the untimed work the straggler shows less of), the one costing
-    less is the other's mirror image and goes into its ``evidence["secondary"]``. Two
-    real faults on the two ranks of one such stage show as one."""
+    compute, its peer on the untimed work the straggler shows less of), the one on
+    untimed work, or else the one costing less, is the other's mirror image and goes into
+    its ``evidence["secondary"]`` (:func:`_mirror_rank`). Two real faults on the two
+    ranks of one such stage show as one."""
     pairs = {ranks[a]: ranks[b] for g in groups.values() if len(g) == 2 for a, b in (g, g[::-1])}
     named = {f.ranks[0]: f for f in findings if f.kind in STRAGGLER_KINDS and len(f.ranks) == 1}
     mirror = set()
     for r, f in named.items():
         other = named.get(pairs.get(r, -1))
-        if other is not None and (finding_cost(f), f.score) < (finding_cost(other), other.score):
+        if other is not None and _mirror_rank(f) < _mirror_rank(other):
             mirror.add(id(f))
     if not mirror:
         return findings
@@ -937,7 +946,7 @@ def _against_unnamed_peers(findings: list[Finding], groups: dict[int, list[int]]
     A rank is measured against the median of its stage peers; where two of its three
     peers are stragglers, that median is a straggler's, and a healthy rank reads as
     slow on whatever the stragglers show less of (the untimed host work they spend
-    computing). Strongest first (the order the findings are reported in), a finding
+    computing). Strongest first (timed work before untimed, then by cost: :func:`_mirror_rank`), a finding
     whose stage holds a rank named before it stands only if its component is still at
     least ``min_effect`` above the median of the stage's ranks named by nothing yet kept,
     over the same judged steps; with no such peer left it cannot be told from them and
@@ -949,7 +958,7 @@ def _against_unnamed_peers(findings: list[Finding], groups: dict[int, list[int]]
     stage_of = {i: st for st, members in groups.items() for i in members}
     kept: list[Finding] = []
     named: set[int] = set()
-    for f in sorted(findings, key=lambda f: (-f.est_slowdown, -f.score)):
+    for f in sorted(findings, key=_mirror_rank, reverse=True):
         comp = _COMPONENT_BY_NAME.get(f.component or "")
         i = pos.get(f.ranks[0], -1) if len(f.ranks) == 1 else -1
         n = int(f.evidence.get("judged_steps") or 0)
