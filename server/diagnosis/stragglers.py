@@ -768,8 +768,7 @@ def _recovered(x: np.ndarray, ref: np.ndarray, n: int, sigma: float, config: Str
     ``ln(1 + min_effect)``) of its peers with at most ``1 - persist_frac`` of its steps
     above half the earlier part's median (and as few of the window's steps before the
     judged ones: else it was slow before, an intermittent straggler slow again), and the
-    earlier part's median exceeds the
-    latest's by ``recovery_z`` standard errors of the
+    earlier part's median exceeds the latest's by ``recovery_z`` standard errors of the
     difference (each part's spread its MAD's, at least ``sigma``: one long step moves
     neither). On a rank that stays slow the difference is noise: 6-24 steps of a steady
     1.3x read as recovered in none of 3,000 series with Gaussian noise 0.05 or 0.3, and in
@@ -946,11 +945,11 @@ def _against_unnamed_peers(findings: list[Finding], groups: dict[int, list[int]]
     A rank is measured against the median of its stage peers; where two of its three
     peers are stragglers, that median is a straggler's, and a healthy rank reads as
     slow on whatever the stragglers show less of (the untimed host work they spend
-    computing). Strongest first (timed work before untimed, then by cost: :func:`_mirror_rank`), a finding
-    whose stage holds a rank named before it stands only if its component is still at
-    least ``min_effect`` above the median of the stage's ranks named by nothing yet kept,
-    over the same judged steps; with no such peer left it cannot be told from them and
-    is dropped. Only the few named ranks are looked at again: O(findings x stage size x
+    computing). Strongest first (timed work before untimed, then by cost:
+    :func:`_mirror_rank`), a finding whose stage holds a rank named before it stands
+    only if its component is still at least ``min_effect`` above the median of the
+    stage's ranks named by nothing yet kept, over the same judged steps; with no such
+    peer left it cannot be told from them and is dropped. Only the few named ranks are looked at again: O(findings x stage size x
     judged steps)."""
     if len(findings) < 2:
         return findings
@@ -973,7 +972,10 @@ def _against_unnamed_peers(findings: list[Finding], groups: dict[int, list[int]]
             named.add(i)
             continue
         # the stage's strongest straggler carries it as a secondary effect
-        k = next(k for k, g in enumerate(kept) if len(g.ranks) == 1 and pos.get(g.ranks[0], -1) in peers)
+        k = next((k for k, g in enumerate(kept) if len(g.ranks) == 1 and pos.get(g.ranks[0], -1) in peers), None)
+        if k is None:  # (every finding of a rank in ``named`` is in ``kept``: not reached)
+            kept.append(f)
+            continue
         kept[k] = replace(kept[k], evidence={**kept[k].evidence, "secondary": kept[k].evidence.get(
             "secondary", []) + [as_secondary(f)]})
     return kept if len(kept) < len(findings) else findings
