@@ -133,7 +133,8 @@ class StragglerConfig:
     recovery_z: float = 4.0
     """A named rank whose latest steps (at least ``two_state_min_steps``) run at its
     peers' pace again, below its earlier steps by this many standard errors, has
-    recovered: it is no straggler now (:func:`_recovered`)."""
+    recovered: its finding is judged on the slow steps and says since when it is back
+    (:func:`_recovered`)."""
     cusum: CusumConfig = CusumConfig()
     """The CUSUM test (:mod:`.sequential`) run beside the scans on own work and each
     measured component: drift ln 1.1, false-alarm rate 1e-4 per step at 12,288 ranks."""
@@ -465,11 +466,13 @@ def detect_stragglers(
                 continue
             if comp not in comp_sigma:  # own work's pick of a component not tested alone
                 comp_sigma[comp] = _row_sigma(_log_ratio(comps[comp], comp_refs[comp]))
-            if _recovered(comps[comp][i], comp_refs[comp][i], n, float(np.median(comp_sigma[comp])), config):
-                continue  # it ran slow and is back at its peers' pace: no straggler now
             factor = _factor(comps[comp][i, -n:], comp_refs[comp][i, -n:])
-            slow = _two_state(comps[comp][i, -n:], comp_refs[comp][i, -n:],
-                              float(np.median(comp_sigma[comp])), config)
+            back = _recovered(comps[comp][i], comp_refs[comp][i], n, float(np.median(comp_sigma[comp])), config)
+            if back is not None:  # slow, then back at its peers' pace: its slow steps are the first ones
+                slow: np.ndarray | None = np.arange(n) < back
+            else:
+                slow = _two_state(comps[comp][i, -n:], comp_refs[comp][i, -n:],
+                                  float(np.median(comp_sigma[comp])), config)
             all_steps_factor = factor
             if slow is not None:  # intermittent: how slow it is while slow, and how often
                 factor = _factor(comps[comp][i, -n:][slow], comp_refs[comp][i, -n:][slow])
@@ -491,6 +494,7 @@ def detect_stragglers(
                         slow_steps=(None if slow is None
                                     else [steps[len(steps) - n + j] for j in np.nonzero(slow)[0]]),
                         factor_all_steps=round(all_steps_factor, 3),
+                        recovered_step=None if back is None else steps[len(steps) - n + back],
                         step_ms=round(step_ns / 1e6, 3),
                         component_ms=round(float(np.median(comps[comp][i, -n:])) / 1e6, 3),
                         peer_component_ms=round(float(np.median(comp_refs[comp][i, -n:])) / 1e6, 3),
@@ -504,6 +508,8 @@ def detect_stragglers(
                                None if slow is None else (int(slow.sum()), n))
             if kind == FindingKind.HOST_CONTENTION:
                 summary = _contention_summary(topo, r, factor, base["cpu_factor"], f.est_slowdown)
+            if back is not None:
+                summary += f"; back at its peers' pace since step {base['recovered_step']}"
             findings.append(replace(f, factor=round(factor, 3), component=COMPONENT_NAME[comp], summary=summary))
         elif (pause := _pause_steps(i, spike_on, spikes, spike_on_cpu, spikes_cpu, busy, ref, comps, comp_refs,
                                     measured, len(steps), config)) is not None:
@@ -754,9 +760,11 @@ def _two_state(x: np.ndarray, ref: np.ndarray, sigma: float, config: StragglerCo
     return mask
 
 
-def _recovered(x: np.ndarray, ref: np.ndarray, n: int, sigma: float, config: StragglerConfig) -> bool:
+def _recovered(x: np.ndarray, ref: np.ndarray, n: int, sigma: float, config: StragglerConfig) -> int | None:
     """Whether a slowdown has ended: the latest of a finding's ``n`` judged steps (the
     last ``n`` of ``x``, a rank's window, oldest first) run at the peers' pace again.
+    Returns how many of the judged steps came before the recovery (the slow ones, give
+    or take the step at the change), or None.
 
     :func:`_two_state` sorts the steps and so ignores their order; a rank that ran slow
     and then recovered is one change in time. Every split of the steps into an earlier
@@ -773,17 +781,20 @@ def _recovered(x: np.ndarray, ref: np.ndarray, n: int, sigma: float, config: Str
     neither). On a rank that stays slow the difference is noise: 6-24 steps of a steady
     1.3x read as recovered in none of 3,000 series with Gaussian noise 0.05 or 0.3, and in
     8 of 3,000 with noise 0.3 and a heavy tail (15% of the steps another 1.6x slower,
-    typically), where the finding is then missing from that one pass.
+    typically), where that pass's factor is then the steps before the split's.
     Without this, the CUSUM that dated the onset (it decays by ln 1.1 a step) kept a
-    1.4x straggler named for 15 steps after it recovered, its factor drifting down to
-    1.09 as healthy steps filled its judged run. O(judged steps^2), judged steps <= the
-    window, only for named ranks."""
+    1.4x straggler that had recovered named as "1.09x": its factor drifted down as
+    healthy steps filled its judged run. The finding stays (what the data says reaches
+    the server late, and an operator wants the episode), judged on the slow steps, with
+    ``evidence.recovered_step``; the incident resolves once no pass names the rank.
+    O(judged steps^2), judged steps <= the window, only for named ranks."""
     ok = (x > 0) & (ref > 0)
     m = config.two_state_min_steps
     judged = ok[-n:] if n > 0 else ok[:0]
     if int(judged.sum()) < 2 * m or not sigma > 0:
-        return False
+        return None
     lr_all = np.log(np.where(ok, x, 1.0) / np.where(ok, ref, 1.0))
+    idx = np.nonzero(judged)[0]
     lr, before = lr_all[-n:][judged], lr_all[:-n][ok[:-n]]
     n = lr.size
     floor = math.log1p(config.min_effect)
@@ -798,8 +809,8 @@ def _recovered(x: np.ndarray, ref: np.ndarray, n: int, sigma: float, config: Str
         s_e, s_l = max(mad_sigma(early, med_e), sigma), max(mad_sigma(late, med_l), sigma)
         z = (med_e - med_l) / (MEDIAN_SE_FACTOR * math.sqrt(s_e ** 2 / t + s_l ** 2 / (n - t)))
         if z >= config.recovery_z and abs(med_l) <= max(3 * MEDIAN_SE_FACTOR * s_l / math.sqrt(n - t), floor):
-            return True
-    return False
+            return int(idx[t])
+    return None
 
 
 def _base_evidence(topo, r, i, ranks, groups, busy, ref, comps, comp_refs, n, sigma, thr, measured) -> dict:
