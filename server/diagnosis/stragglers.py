@@ -98,12 +98,11 @@ class StragglerConfig:
     """Smallest relative excess of a group's link time reported (50%)..."""
     link_min_step_frac: float = 0.02
     """...that also costs at least this fraction of the step time."""
-    scan_min_steps: int = 5
-    """Sequential test: the shortest run of latest steps a slowdown is judged on (with
-    ``persist_frac``, 4 of its 5 steps must show it). The default alert rule's own
-    persistence: a stall of 3 steps is no straggler (one of the data loader, 10-20x
-    for 3 steps on a loaded host, was named ``slow_dataloader`` at 3), while a 1.5x
-    straggler is still named 5 steps after its onset."""
+    scan_min_steps: int = 3
+    """Sequential test: the shortest run of latest steps a slowdown is judged on. (5 was
+    tried, 2bd5894: a 3-step stall of one rank's data loader was no longer named, but a
+    stalled data loader's finding then came a pass after the MFU drop it causes, which
+    opened an incident of its own; reverted.)"""
     scan_z: float = 4.5
     """Sequential test: standard errors above the noise over the run (higher than ``z``:
     every run length from ``scan_min_steps`` to the window is tried)."""
