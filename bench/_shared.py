@@ -48,5 +48,6 @@ def breakdown_frame(comp: np.ndarray, rng: np.random.Generator, phase: np.ndarra
                          "comm_ns": (step - busy).ravel(), "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(),
                          "compute_ns": comp.ravel(), "dataloader_ns": dl.ravel(), "optimizer_ns": opt.ravel(),
                          "other_ns": 0.0, "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0,
-                         "num_collectives": 10, "compute_cpu_ns": 0.0 if cpu is None else cpu.ravel()},
+                         "num_collectives": 10, "compute_cpu_ns": 0.0 if cpu is None else cpu.ravel(),
+                         "optimizer_cpu_ns": 0.0},
                         )[list(BREAKDOWN_COLUMNS)]

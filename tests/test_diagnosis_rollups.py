@@ -80,7 +80,7 @@ def test_reduced_findings_match_pandas_over_raw_events(store, name):
         if "waited_in_groups" in a.evidence:
             assert b.evidence["waited_in_groups"][:1] == a.evidence["waited_in_groups"][:1]
     cols = ["rank", "step", "busy_ns", "comm_ns", "wait_ns", "compute_ns", "dataloader_ns", "wait_caused_ns",
-            "compute_cpu_ns"]
+            "compute_cpu_ns", "optimizer_cpu_ns"]
     m = raw.breakdown[cols].merge(red.breakdown[cols], on=["rank", "step"], suffixes=("", "_r"))
     assert len(m) == len(raw.breakdown) == len(red.breakdown)
     for c in cols[2:]:

@@ -403,7 +403,7 @@ def _reduced_frame(topo: Topology, scenario: str, steps: int = 26, seed: int = 0
                        "busy_ns": busy.ravel(), "compute_ns": comp.ravel(), "dataloader_ns": dl.ravel(),
                        "optimizer_ns": opt.ravel(), "other_ns": oth.ravel(), "untimed_ns": unt.ravel(),
                        "wait_caused_ns": 0.0, "num_last_arrivals": 0, "num_collectives": 40,
-                       "compute_cpu_ns": 0})[list(BREAKDOWN_COLUMNS)]
+                       "compute_cpu_ns": 0, "optimizer_cpu_ns": 0})[list(BREAKDOWN_COLUMNS)]
     rows = []
     for axis, (op_ns, num_ops) in {"tp": (0.3e6, 16), "pp": (0.5e6, 8), "dp": (3e6, 1)}.items():
         gids = sorted(topo.groups(axis))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -506,7 +507,7 @@ def _frame(topo: Topology, steps: int, sigma: float, seed: int, slow: tuple[int,
             "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(), "compute_ns": comp.ravel(),
             "dataloader_ns": dl.ravel(), "optimizer_ns": opt.ravel(), "other_ns": 0.0,
             "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0, "num_collectives": 10,
-            "compute_cpu_ns": 0}
+            "compute_cpu_ns": 0, "optimizer_cpu_ns": 0}
     return pd.DataFrame(cols)[list(BREAKDOWN_COLUMNS)]
 
 
@@ -1015,3 +1016,86 @@ def test_a_straggler_that_recovered_is_judged_on_its_slow_steps():
     # slow before the judged steps too (an intermittent straggler's earlier stretch)
     y = np.r_[np.full(6, 1.4), np.ones(6), x]
     assert _recovered(y, np.ones_like(y), 16, 0.05, StragglerConfig()) is None
+
+
+def _host_work_frame(topo: Topology, seed: int) -> pd.DataFrame:
+    """:func:`_frame` on a CPU device: every timed section's thread CPU time measured
+    (compute and optimizer at 90% of their wall clock, noise 0.02)."""
+    bd = _frame(topo, 32, 0.05, seed, noisy_ranks=())
+    rng = np.random.default_rng(seed + 7)
+    return bd.assign(compute_cpu_ns=bd["compute_ns"] * 0.9 * np.exp(0.02 * rng.standard_normal(len(bd))),
+                     optimizer_cpu_ns=bd["optimizer_ns"] * 0.9 * np.exp(0.02 * rng.standard_normal(len(bd))))
+
+
+def _slower(bd: pd.DataFrame, rank: int, col: str, by_ns: float, start: int = 12) -> np.ndarray:
+    hit = ((bd["rank"] == rank) & (bd["step"] >= start)).to_numpy()
+    bd.loc[hit, col] += by_ns
+    if not col.endswith("_cpu_ns"):
+        bd.loc[hit, "busy_ns"] += by_ns
+    return hit
+
+
+def test_an_optimizer_that_waited_for_a_core_is_host_contention():
+    """A rank whose optimizer takes 3x its peers' wall time at their CPU time waited for a
+    core (in a data-parallel job every rank's optimizer starts as the all-reduce ends, all
+    wanting a core at once): ``host_contention``, told by the optimizer's own CPU clock,
+    not a straggler. The same excess on the CPU clock too is a slow optimizer."""
+    topo = Topology(dp=8)
+    for seed in range(3):
+        bd = _host_work_frame(topo, seed)
+        _slower(bd, 5, "optimizer_ns", 8 * MS)
+        found = detect_stragglers("t", topo, bd, pd.DataFrame())
+        assert [(f.kind, f.ranks) for f in found] == [(FindingKind.HOST_CONTENTION, (5,))], seed
+        f = found[0]
+        assert f.component == "optimizer" and f.evidence["cpu_clock"] == "optimizer"
+        assert f.evidence["cpu_factor"] == pytest.approx(1.0, abs=0.03)
+        assert re.search(r"optimizer (\d\.\d\d)x its stage peers' wall time at (0\.9\d|1\.0\d)x their CPU time",
+                         f.summary) and f.factor > 2, f.summary
+        _slower(bd, 5, "optimizer_cpu_ns", 0.9 * 8 * MS)
+        found = detect_stragglers("t", topo, bd, pd.DataFrame())
+        assert [(f.kind, f.ranks, f.component) for f in found] == [
+            (FindingKind.SLOW_COMPUTE, (5,), "optimizer")], seed
+
+
+def test_untimed_work_of_a_rank_kept_off_its_core_is_host_contention():
+    """Untimed host work has no CPU clock of its own: a rank whose untimed work is 11x its
+    peers' while its compute, in the same steps, ran at its peers' CPU time but spent 17%
+    more wall time (off its core) was kept waiting for a core; the same untimed excess with
+    its compute on the CPU is the rank's own (``late_arrival``, untimed host work)."""
+    topo = Topology(dp=8)
+    for seed in range(3):
+        bd = _host_work_frame(topo, seed)
+        _slower(bd, 3, "untimed_ns", 10 * MS)
+        clean = bd.copy()
+        _slower(bd, 3, "compute_ns", 5 * MS)
+        found = detect_stragglers("t", topo, bd, pd.DataFrame())
+        assert [(f.kind, f.ranks) for f in found] == [(FindingKind.HOST_CONTENTION, (3,))], seed
+        assert found[0].evidence["cpu_clock"] == "compute" and found[0].evidence["cpu_factor"] < 1.03
+        assert "untimed host work" in found[0].summary
+        found = detect_stragglers("t", topo, clean, pd.DataFrame())
+        assert [(f.kind, f.ranks, f.component) for f in found] == [
+            (FindingKind.LATE_ARRIVAL, (3,), "untimed host work")], seed
+
+
+def test_a_ranks_newest_step_is_judged_once_a_later_one_arrived():
+    """A rank's step record can reach the store before the step's last ops (an agent's
+    batch cut between one flush's frames): the pass judges each rank's steps before its
+    own newest only, and the job's before the newest step, so the window ends at the
+    newest step every rank completed - a straggler made of missing rows is never judged."""
+    from fleetscope.server.diagnosis.engine import complete_steps
+
+    topo = Topology(dp=4, pp=2)
+    bd = _host_work_frame(topo, 0)
+    bd = bd[bd["step"] <= 20]
+    last = {r: 20 for r in range(8)}
+    last[6] = 19  # rank 6's step 19 arrived without its ops: all of its step reads as own work
+    part = (bd["rank"] == 6) & (bd["step"] == 19)
+    bd.loc[part, "busy_ns"] = bd.loc[part, "step_ns"]
+    bd = bd[~((bd["rank"] == 6) & (bd["step"] == 20))]
+    judged = complete_steps(bd, 20, last)
+    assert not ((judged["rank"] == 6) & (judged["step"] >= 19)).any()
+    assert judged.groupby("rank")["step"].max().to_dict() == {r: 18 if r == 6 else 19 for r in range(8)}
+    assert len(judged) == len(bd) - 1 - 7  # rank 6's step 19; the other ranks' step 20
+    assert complete_steps(bd, 20, {}).equals(bd[bd["step"] < 20])  # no per-rank news: the job's newest only
+    one = bd[bd["step"] == 3]
+    assert complete_steps(one, 20, last).equals(one)  # a single step: kept

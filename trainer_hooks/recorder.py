@@ -637,6 +637,8 @@ class Recorder:
         rows, self.rows = self.rows, {}
         if not rows:
             return
+        if "steps" in rows:  # a step's record after its ops and sections, in the spool too:
+            rows["steps"] = rows.pop("steps")  # a reader cut between frames never sees it alone
         if not self._sink_open:
             self.sink_dropped += sum(map(len, rows.values()))
             return

@@ -30,6 +30,7 @@ BREAKDOWN_COLUMNS = (
     "other_ns",
     "untimed_ns",
     "compute_cpu_ns",
+    "optimizer_cpu_ns",
     "wait_caused_ns",
     "num_last_arrivals",
     "num_collectives",
@@ -202,10 +203,11 @@ def rank_step_breakdown(
         for kind in ("compute", "dataloader", "optimizer", "other"):
             if kind in kinds.columns:
                 out = out.join(kinds[kind].rename(f"{kind}_ns"))
-        if "cpu_ns" in sec.columns:  # the compute sections' thread CPU time, where measured
-            cpu = sec[(sec["kind"] == "compute") & (sec["cpu_ns"] >= 0)]
-            if not cpu.empty:
-                out = out.join(cpu.groupby(["rank", "step"])["cpu_ns"].sum().rename("compute_cpu_ns"))
+        if "cpu_ns" in sec.columns:  # the compute and optimizer sections' thread CPU time, where measured
+            for kind in ("compute", "optimizer"):
+                cpu = sec[(sec["kind"] == kind) & (sec["cpu_ns"] >= 0)]
+                if not cpu.empty:
+                    out = out.join(cpu.groupby(["rank", "step"])["cpu_ns"].sum().rename(f"{kind}_cpu_ns"))
     for col in BREAKDOWN_COLUMNS[2:]:
         if col not in out.columns:
             out[col] = 0

@@ -208,9 +208,7 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
         arr = reduced_arrivals(red.groups)
     else:
         bd, arr = rank_step_breakdown(frames.sections, frames.collectives, frames.steps)
-    # the newest step may still be arriving: judge complete steps only
-    if not bd.empty and frames.last_step >= 0:
-        bd = bd[bd["step"] < frames.last_step] if bd["step"].nunique() > 1 else bd
+    bd = complete_steps(bd, frames.last_step, rank_max(frames.steps, "step"))
     if red is not None:
         profile = build_profile_reduced(info, red, bd, arr, config.stragglers.recent_steps)
     else:
@@ -240,6 +238,30 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
     add_hardware_evidence(findings, frames)
     findings = fold_secondary(findings, topo)
     return JobDiagnosis(info.job, now_ns, findings, hang, mfu, bd, arr, profile)
+
+
+def complete_steps(bd: pd.DataFrame, last_step: int, rank_last: dict[int, int]) -> pd.DataFrame:
+    """The rows of ``bd`` a pass may judge: the newest step may still be arriving, so only
+    steps before the job's newest, and of each rank only the steps before its own newest
+    (``rank_last``). A rank's step record can reach the store before the step's last ops
+    and sections do (an agent's batch cut between the frames of one flush, a slow
+    insert): judged then, the step's missing communication reads as the rank's own work
+    - a straggler made of missing rows. A later step of the same rank comes after them
+    in its spool. (With one step only, that step: a short job's first verdicts.) The
+    pass's window then ends at the newest step every rank has completed
+    (``stragglers._window``). O(rows)."""
+    if bd.empty or last_step < 0 or bd["step"].nunique() <= 1:
+        return bd
+    step = bd["step"].to_numpy(dtype=np.int64)
+    keep = step < last_step
+    if rank_last:
+        rank = bd["rank"].to_numpy(dtype=np.int64)
+        size = max(int(rank.max()) + 1, max(rank_last) + 1) if rank.size else 0
+        newest = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)  # unknown rank: no limit
+        newest[np.fromiter(rank_last.keys(), dtype=np.int64, count=len(rank_last))] = np.fromiter(
+            rank_last.values(), dtype=np.int64, count=len(rank_last))
+        keep &= step < newest[rank]
+    return bd[keep]
 
 
 def add_hardware_evidence(findings: list[Finding], frames: JobFrames) -> None:

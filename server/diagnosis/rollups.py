@@ -131,6 +131,7 @@ sec AS (
          sumIf(net, t.kind = 'compute') AS compute_ns, sumIf(net, t.kind = 'dataloader') AS dataloader_ns,
          sumIf(net, t.kind = 'optimizer') AS optimizer_ns, sumIf(net, t.kind = 'other') AS other_ns,
          sumIf(t.cpu_ns, t.kind = 'compute' AND t.cpu_ns >= 0) AS compute_cpu_ns,
+         sumIf(t.cpu_ns, t.kind = 'optimizer' AND t.cpu_ns >= 0) AS optimizer_cpu_ns,
          sumMapIf([mb], [net], t.name = 'forward') AS fwd_, sumMapIf([mb], [net], t.name = 'backward') AS bwd_,
          fwd_.1 AS fwd_k, fwd_.2 AS fwd_v, bwd_.1 AS bwd_k, bwd_.2 AS bwd_v
   FROM (SELECT t.*, greatest(t.duration_ns - n.nested_ns, 0) AS net,
@@ -161,6 +162,7 @@ SELECT st.rank AS rank, st.step AS step, st.step_ns AS step_ns,
        caused.wait_caused_ns AS wait_caused_ns, caused.caused_k AS caused_k, caused.caused_v AS caused_v,
        sec.compute_ns AS compute_ns, sec.dataloader_ns AS dataloader_ns,
        sec.optimizer_ns AS optimizer_ns, sec.other_ns AS other_ns, sec.compute_cpu_ns AS compute_cpu_ns,
+       sec.optimizer_cpu_ns AS optimizer_cpu_ns,
        sec.fwd_k AS fwd_k, sec.fwd_v AS fwd_v, sec.bwd_k AS bwd_k, sec.bwd_v AS bwd_v
 FROM st
 LEFT JOIN ra ON st.rank = ra.rank AND st.step = ra.step
@@ -207,7 +209,7 @@ def _parts(sql: str, select_start: str) -> tuple[str, str]:
 
 _RS_COLS = ("rank", "step", "step_ns", "comm_ns", "wait_ns", "num_collectives", "num_last_arrivals",
             "lateness_med_ns", "wait_caused_ns", "caused_k", "caused_v", "compute_ns", "dataloader_ns",
-            "optimizer_ns", "other_ns", "compute_cpu_ns", "fwd_k", "fwd_v", "bwd_k", "bwd_v")
+            "optimizer_ns", "other_ns", "compute_cpu_ns", "optimizer_cpu_ns", "fwd_k", "fwd_v", "bwd_k", "bwd_v")
 _GS_COLS = ("group_id", "axis", "step", "gt_transfer_ns", "op_transfer_ns", "num_ops", "bytes", "transfer_ns")
 _RS_DEFAULTS = {"lateness_med_ns": "0.", "caused_k": "[]", "caused_v": "[]", "fwd_k": "[]", "fwd_v": "[]",
                 "bwd_k": "[]", "bwd_v": "[]"}
@@ -326,7 +328,7 @@ QUERIES: dict[str, str] = {
 """Named diagnosis queries (a remote worker sends the name, never SQL text)."""
 
 INT_COLS = ("step_ns", "comm_ns", "wait_ns", "num_collectives", "num_last_arrivals", "wait_caused_ns",
-            "compute_ns", "dataloader_ns", "optimizer_ns", "other_ns", "compute_cpu_ns")
+            "compute_ns", "dataloader_ns", "optimizer_ns", "other_ns", "compute_cpu_ns", "optimizer_cpu_ns")
 
 
 @dataclass

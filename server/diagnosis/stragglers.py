@@ -122,6 +122,15 @@ class StragglerConfig:
     the peers') and the CPU clock shows no spike, the host took the rank's core away - a
     noisy neighbour, not the rank's own pause (a collector runs on the CPU) - and no
     ``gc_pause`` is reported."""
+    descheduled_share: float = 0.25
+    """A finding on host work no CPU clock measures (untimed, optimizer) is the host's
+    (``host_contention``) when the rank's compute spent at least this share of its
+    expected part of the excess off the CPU at its peers' CPU time
+    (:func:`_descheduled_around`). A quarter, not a half: the wait for a core lands
+    unevenly, more of it in the gaps after a blocking op than inside the compute sections
+    (on 2 loaded cores, a pipeline rank's untimed gaps of 35-180 ms a step beside forward
+    and backward sections of 3-5 ms CPU time; two such false findings in one suite run
+    were at 0.33 and 0.48 of the even share)."""
     two_state_separation: float = 4.0
     """Intermittent slowdowns: a finding's judged steps split into healthy and slow ones
     when the two groups' means are this many standard deviations apart (Ashman's D, each
@@ -455,6 +464,10 @@ def detect_stragglers(
                 # fairness: a rank that burned more CPU gets less of it next): the rank
                 # waited for a core, its work is not slower
                 kind = FindingKind.HOST_CONTENTION
+            contention = None if kind == FindingKind.HOST_CONTENTION or comp not in HOST_WORK else \
+                _host_work_off_cpu(i, n, comp, busy, ref, comps, comp_refs, measured, grid, stage_groups, config)
+            if contention is not None:
+                kind = FindingKind.HOST_CONTENTION
             score = float(score_busy[i]) if persistent[i] else float(max(comp_score[c][i] for c in hits))
             excess_ns = float(np.median(busy[i, -n:] - ref[i, -n:]))
             if (not persistent[i] and CPU_COMPONENT not in hits and excess_ns < ex[comp] / 2
@@ -506,7 +519,14 @@ def detect_stragglers(
             summary = _summary(topo, r, COMPONENT_NAME[comp], factor, f.est_slowdown,
                                None if slow is None else (int(slow.sum()), n))
             if kind == FindingKind.HOST_CONTENTION:
-                summary = _contention_summary(topo, r, factor, base["cpu_factor"], f.est_slowdown)
+                if contention is None:  # compute named, its wall clock off the CPU
+                    summary = _contention_summary(topo, r, factor, base["cpu_factor"], f.est_slowdown)
+                else:  # host work named, off the CPU by its own clock or its compute's
+                    clock, wall, cpu_factor = contention
+                    f.evidence.update(cpu_factor=round(cpu_factor, 3), cpu_clock=clock)
+                    summary = _contention_summary(topo, r, wall, cpu_factor, f.est_slowdown, clock)
+                    if clock != COMPONENT_NAME[comp]:
+                        summary += f"; its {COMPONENT_NAME[comp]} {factor:.2f}x its stage peers' in the same steps"
             if back is not None:
                 summary += f"; back at its peers' pace since step {base['recovered_step']}"
             findings.append(replace(f, factor=round(factor, 3), component=COMPONENT_NAME[comp], summary=summary))
@@ -708,9 +728,11 @@ def _summary(topo: Topology, rank: int, component: str, factor: float, slowdown:
             f"job ~{slowdown:.0%} slower")
 
 
-def _contention_summary(topo: Topology, rank: int, factor: float, cpu_factor: float, slowdown: float) -> str:
-    """A host-contention finding in an operator's words."""
-    return (f"rank {rank} ({topo.label(rank)}): compute {factor:.2f}x its stage peers' wall time at "
+def _contention_summary(topo: Topology, rank: int, factor: float, cpu_factor: float, slowdown: float,
+                        what: str = "compute") -> str:
+    """A host-contention finding in an operator's words (``what``: the work whose wall and
+    CPU clocks tell it)."""
+    return (f"rank {rank} ({topo.label(rank)}): {what} {factor:.2f}x its stage peers' wall time at "
             f"{cpu_factor:.2f}x their CPU time - it waits for a CPU core (host oversubscribed); "
             f"job ~{slowdown:.0%} slower")
 
@@ -907,6 +929,62 @@ def _off_cpu(i: int, on: np.ndarray, busy: np.ndarray, ref: np.ndarray, comps: d
     if excess <= 0 or float((off - off_peers).sum()) < share * excess:
         return False
     return float(np.median(_log_ratio(cpu, cpu_peers))) < math.log1p(cpu_effect)
+
+
+HOST_WORK = ("untimed_ns", "optimizer_ns", "other_ns")
+"""Components of host work with no CPU clock of their own (the compute sections' is the
+only one): on a CPU host their wall-clock excess can be the time a rank waited for a core
+(:func:`_descheduled_around`)."""
+
+
+def _host_work_off_cpu(i: int, n: int, comp: str, busy: np.ndarray, ref: np.ndarray, comps: dict,
+                       comp_refs: dict, measured: list[str], grid: _Grid, stage_groups: list[list[int]],
+                       config: StragglerConfig) -> tuple[str, float, float] | None:
+    """Rank ``i``'s finding on host work ``comp`` (:data:`HOST_WORK`) over its latest
+    ``n`` steps is the time it waited for a core: (the work whose clocks tell it, its wall
+    and its CPU factor against its peers), else None. The optimizer's sections carry their own
+    CPU clock where it is measured (``optimizer_cpu_ns``, CPU devices): at its peers'
+    CPU time (below ``1 + min_effect``) while the wall clock is slower, the rank waited -
+    for every rank of a data-parallel job the optimizer starts as the gradient all-reduce
+    ends, all of them wanting a core at once. Untimed work has no clock of its own: the
+    compute's tells (:func:`_descheduled_around`). O(rows) for the one matrix, built only
+    for such a finding."""
+    if comp == "optimizer_ns":
+        cpu = grid.matrix("optimizer_cpu_ns")
+        mine = cpu[i, -n:]
+        peers = next((g for g in stage_groups if i in g and len(g) > 1), [])
+        if (mine > 0).all() and peers:
+            cpu_factor = _factor(mine, np.median(cpu[[j for j in peers if j != i], -n:], axis=0))
+            wall = _factor(comps[comp][i, -n:], comp_refs[comp][i, -n:])
+            return (COMPONENT_NAME[comp], wall, cpu_factor) if cpu_factor < 1 + config.min_effect else None
+    if not _descheduled_around(i, n, busy, ref, comps, comp_refs, measured, config):
+        return None
+    return ("compute", _factor(comps["compute_ns"][i, -n:], comp_refs["compute_ns"][i, -n:]),
+            _factor(comps[CPU_COMPONENT][i, -n:], comp_refs[CPU_COMPONENT][i, -n:]))
+
+
+def _descheduled_around(i: int, n: int, busy: np.ndarray, ref: np.ndarray, comps: dict, comp_refs: dict,
+                        measured: list[str], config: StragglerConfig) -> bool:
+    """Rank ``i``'s own-work excess over its latest ``n`` steps, named on host work that no
+    CPU clock measures (:data:`HOST_WORK`), is its host's doing: over the same steps its
+    compute, whose CPU clock is measured, ran at its peers' CPU time (below
+    ``1 + min_effect``) but spent time off the CPU beyond theirs - at least ``descheduled_share`` of
+    what waiting for a core spread evenly over the step would put there (the compute's share
+    of its peers' own work times the own-work excess). A rank whose untimed work or
+    optimizer is itself slower shows that excess with its compute on the CPU; one that
+    the scheduler keeps off its core shows it in every part of the step alike. Only where
+    the CPU clock is measured on all those steps (CPU devices)."""
+    if CPU_COMPONENT not in measured:
+        return False
+    cpu, cpu_peers = comps[CPU_COMPONENT][i, -n:], comp_refs[CPU_COMPONENT][i, -n:]
+    if not (cpu > 0).all() or _factor(cpu, cpu_peers) >= 1 + config.min_effect:
+        return False
+    # medians over the steps, as the finding's own excess figures (one step a rank spent
+    # mostly off its core would carry a sum)
+    off_ex = float(np.median((comps["compute_ns"][i, -n:] - cpu) - (comp_refs["compute_ns"][i, -n:] - cpu_peers)))
+    busy_ex = float(np.median(busy[i, -n:] - ref[i, -n:]))
+    share = float(np.median(comp_refs["compute_ns"][i, -n:])) / max(float(np.median(ref[i, -n:])), 1.0)
+    return busy_ex > 0 and off_ex >= config.descheduled_share * min(share, 1.0) * busy_ex
 
 
 def _mirror_rank(f: Finding) -> tuple[bool, float, float]:
