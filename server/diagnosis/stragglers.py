@@ -123,14 +123,15 @@ class StragglerConfig:
     noisy neighbour, not the rank's own pause (a collector runs on the CPU) - and no
     ``gc_pause`` is reported."""
     descheduled_share: float = 0.25
-    """A finding on host work no CPU clock measures (untimed, optimizer) is the host's
-    (``host_contention``) when the rank's compute spent at least this share of its
-    expected part of the excess off the CPU at its peers' CPU time
-    (:func:`_descheduled_around`). A quarter, not a half: the wait for a core lands
-    unevenly, more of it in the gaps after a blocking op than inside the compute sections
-    (on 2 loaded cores, a pipeline rank's untimed gaps of 35-180 ms a step beside forward
-    and backward sections of 3-5 ms CPU time; two such false findings in one suite run
-    were at 0.33 and 0.48 of the even share)."""
+    """A finding on host work no CPU clock of its own measures (untimed or other work; the
+    optimizer where its sections' CPU time is missing) is the host's (``host_contention``)
+    when the rank's compute spent at least this share of its expected part of the excess
+    off the CPU at its peers' CPU time (:func:`_descheduled_around`). A quarter, not a
+    half: the wait for a core lands unevenly, more of it in the gaps after a blocking op
+    than inside the compute sections (on 2 loaded cores, a pipeline rank's untimed gaps of
+    35-180 ms a step beside forward and backward sections of 3-5 ms CPU time; the two
+    such false findings of one suite run were at 0.38 and, by sums over the steps, about
+    0.48 of the even share)."""
     two_state_separation: float = 4.0
     """Intermittent slowdowns: a finding's judged steps split into healthy and slow ones
     when the two groups' means are this many standard deviations apart (Ashman's D, each
