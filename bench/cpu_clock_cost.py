@@ -41,7 +41,12 @@ CPU_EDITS = (
     (", duration_ns, cpu_ns FROM s1", ", duration_ns FROM s1"),
     ("         sumIf(t.cpu_ns, t.kind = 'compute' AND t.cpu_ns >= 0) AS compute_cpu_ns,\n", ""),
     (" sec.compute_cpu_ns AS compute_cpu_ns,", ""),
+    ("         sumIf(t.cpu_ns, t.kind = 'optimizer' AND t.cpu_ns >= 0) AS optimizer_cpu_ns,\n", ""),
+    ("\n       sec.optimizer_cpu_ns AS optimizer_cpu_ns,", ""),
 )
+CPU_COLS = ("compute_cpu_ns", "optimizer_cpu_ns")
+"""The sections' CPU-clock columns of the reduction (compute since store schema 7, the
+optimizer's since 2026-12-07)."""
 
 
 def previous_sql() -> str:
@@ -57,14 +62,14 @@ def previous_sql() -> str:
     saved = rollups.RANK_STEP_SQL, rollups._RS_COLS
     try:
         rollups.RANK_STEP_SQL = sql
-        rollups._RS_COLS = tuple(c for c in saved[1] if c != "compute_cpu_ns")
+        rollups._RS_COLS = tuple(c for c in saved[1] if c not in CPU_COLS)
         return rollups._rank_group_sql()
     finally:
         rollups.RANK_STEP_SQL, rollups._RS_COLS = saved
 
 
 def _canon(df):
-    df = df.drop(columns=[c for c in ("compute_cpu_ns",) if c in df.columns]).copy()
+    df = df.drop(columns=[c for c in CPU_COLS if c in df.columns]).copy()
     for c in df.columns:
         if df[c].dtype == object:
             df[c] = df[c].map(lambda v: tuple(np.asarray(v).tolist()) if not isinstance(v, str) else v)
@@ -91,7 +96,7 @@ def reduction(args: argparse.Namespace) -> tuple[list[float], bool]:
             times, got = interleaved({"prev": lambda p=p: store.query_df(prev, p),
                                       "cur": lambda p=p: store.query_df(cur, p)}, args.repeat)
             ok = len(got["cur"]) > 0 and _canon(got["prev"]).equals(_canon(got["cur"]))
-            ok &= "compute_cpu_ns" in got["cur"] and bool((got["cur"]["compute_cpu_ns"] == 0).all())
+            ok &= all(c in got["cur"] and bool((got["cur"][c] == 0).all()) for c in CPU_COLS)
             same &= ok
             tp, tc = float(np.median(times["prev"])), float(np.median(times["cur"]))
             ratios.append(tc / tp)
