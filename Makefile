@@ -42,8 +42,16 @@ prometheus-deps:
 	  else echo "warning: prometheus not installed and not root; the Prometheus tests will be skipped"; fi; \
 	fi
 
+# Two runs: the unit tests on FAST_WORKERS workers (below), then the integration tests in
+# one process, since they time real trainers, servers and a browser and must not share the
+# cores with each other. Both run to the end; the exit status is the first failure's ("no
+# tests collected", when PYTEST_ARGS picks tests of one kind only, is not a failure). In
+# CI (2026-12-07) the serial suite ran 1231 s, 184 s of it unit tests.
 test: venv browser-deps prometheus-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@rc=0; \
+	$(PY) -m pytest -m "not integration" -n $(FAST_WORKERS) --dist worksteal $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
+	$(PY) -m pytest -m integration $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || [ $$rc != 0 ] || rc=$$r; }; \
+	exit $$rc
 
 # Unit tests only: no subprocess, no server, no browser (tests/conftest.py marks the rest
 # `integration` automatically). Under a minute; run it while you work, `make test` before
