@@ -49,6 +49,8 @@ COMPONENT_KIND = {
     "compute_cpu_ns": FindingKind.SLOW_COMPUTE,
 }
 STRAGGLER_KINDS = frozenset(COMPONENT_KIND.values()) | {FindingKind.HOST_CONTENTION}
+SMALL_PARTS = ("dataloader_ns", "optimizer_ns")
+"""Parts of a step that are a few % of it (:attr:`StragglerConfig.component_min_factor`)."""
 MEASURED = ("compute_ns", "dataloader_ns", "optimizer_ns", "untimed_ns", "compute_cpu_ns")
 """Components tested on their own (``other_ns`` - e.g. a gradient-sync section net of
 its communication - is too small and noisy to judge alone). ``compute_cpu_ns`` (the
@@ -106,6 +108,11 @@ class StragglerConfig:
     scan_z: float = 4.5
     """Sequential test: standard errors above the noise over the run (higher than ``z``:
     every run length from ``scan_min_steps`` to the window is tried)."""
+    component_min_factor: float = 1.5
+    """A slow data loader or optimizer (``SMALL_PARTS``) whose median is at least this
+    factor of its stage peers' is reported when its excess costs ``min_step_frac`` of the
+    step, below the own-work floor (``min_effect``): such a part is a few % of a step, so
+    even a 2-3x slow one stayed under 3% of the rank's own work and was never named."""
     levels: tuple[float, ...] = (1.03, 1.06, 1.1, 1.2, 1.4, 2.0)
     """Sequential exceedance test: slowdown levels (ratios to the peers' median)..."""
     level_alpha: float = 1e-6
@@ -397,6 +404,13 @@ def detect_stragglers(
             floor = ex_c >= config.min_effect * _tail_medians(comp_refs[c], run)
             # ...and what the step pays is the wall-clock compute excess, if larger
             ex_c = np.maximum(ex_c, _tail_medians(comps["compute_ns"] - comp_refs["compute_ns"], run))
+        if c in SMALL_PARTS:
+            # a part of the step too small for the own-work floor can still be slow by a
+            # large factor (a data loader at 2x its peers' costing 2.5% of the step): its
+            # excess is material when the part runs at component_min_factor its peers'
+            # and costs min_step_frac of the step
+            large = (_tail_medians(comps[c], run) >= config.component_min_factor * _tail_medians(comp_refs[c], run))
+            material = np.where(large, config.min_step_frac * step_ns, material)
         comp_hit[c] = (hit | top) & (ex_c >= material) & floor
         comp_score[c], comp_run[c] = sc, run
     # pauses, on the wall clock; where the sections' CPU clock is measured also on it (a
