@@ -28,6 +28,7 @@ SCENARIOS = {
     "gc-4": {"pause_ms": lambda r, s: 80.0 if r == 4 and s % 5 == 2 else 0.0},
     "link-tp": {"link_factor": lambda g, s: 8.0 if g == "tp.pp0.dp1" and s >= 6 else 1.0},
     "link-dp": {"link_factor": lambda g, s: 8.0 if g == "dp.pp0.tp1" and s >= 6 else 1.0},
+    "link-pp": {"link_factor": lambda g, s: 8.0 if g == "pp.dp1.tp0" and s >= 6 else 1.0},
     "two-0-7": {"compute_factor": lambda r, s: 1.3 if r in (0, 7) and s >= 8 else 1.0},
     "cpu-clock-5": {"compute_factor": lambda r, s: 1.3 if r == 5 and s >= 10 else 1.0, "cpu_clock": True},
 }
@@ -105,6 +106,9 @@ def test_reductions_match_and_are_incremental(store):
     assert len(gt) == len(group_transfer(arr)) == len(red.groups)
     assert (gt["transfer_ns_x"] - gt["transfer_ns_y"]).abs().max() == 0
     assert (gt["num_ops_x"] - gt["num_ops_y"]).abs().max() == 0
+    # the typical op: a collective group's median, a pipeline group's upper quartile
+    assert (gt["op_transfer_ns_x"] - gt["op_transfer_ns_y"]).abs().max() < 1e-6
+    assert (gt["axis"] == "pp").any() and (gt["axis"] != "pp").any()
     ev = completions(f["collectives"], f["sections"])
     want = step_gaps(ev[(ev["step"] > 0) & (ev["step"] <= 13)])
     assert red.gaps.sort_index().to_numpy() == pytest.approx(want.sort_index().to_numpy())

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from fleetscope.server.diagnosis.breakdown import P2P_OP_QUANTILE
 from fleetscope.server.store.ddl import ROLLUP_TABLE
 
 _P2P = "('send', 'recv', 'isend', 'irecv')"
@@ -175,14 +176,15 @@ SETTINGS join_use_nulls = 0, enable_materialized_cte = 1
 GROUP_STEP_SQL = f"""
 WITH {_ARRIVALS},
 per_op AS (  -- breakdown.group_transfer: a collective op once per group, each p2p receive
-  SELECT group_id, axis, step, seq, min(transfer_ns) AS t, max(bytes) AS b FROM arr
+  SELECT group_id, axis, step, seq, min(transfer_ns) AS t, max(bytes) AS b, 1 AS coll FROM arr
   WHERE op NOT IN {_P2P} GROUP BY group_id, axis, step, seq
   UNION ALL
-  SELECT group_id, axis, step, seq, transfer_ns AS t, bytes AS b FROM arr WHERE op IN ('recv', 'irecv')
+  SELECT group_id, axis, step, seq, transfer_ns AS t, bytes AS b, 0 AS coll FROM arr WHERE op IN ('recv', 'irecv')
 ),
-gt AS (
+gt AS (  -- the typical op: the median, or a step of receives only's upper quartile
   SELECT group_id, axis, step, sum(t) AS gt_transfer_ns,
-         quantileExactInclusive(0.5)(t) AS op_transfer_ns,
+         if(max(coll) = 0, quantileExactInclusive({P2P_OP_QUANTILE})(t),
+            quantileExactInclusive(0.5)(t)) AS op_transfer_ns,
          count() AS num_ops, sum(b) AS bytes
   FROM per_op GROUP BY group_id, axis, step
 ),
