@@ -1106,7 +1106,7 @@ def test_a_ranks_newest_step_is_judged_once_a_later_one_arrived():
 
 
 def _long_steps(topo: Topology, steps: int, seed: int, dl_slow: tuple[int, float, int] | None = None,
-                opt_slow: tuple[int, float, int] | None = None) -> pd.DataFrame:
+                opt_slow: tuple[int, float, int] | None = None, untimed_ms: float = 0.0) -> pd.DataFrame:
     """A breakdown frame whose data loader (10 ms, bursty) and optimizer (8 ms) are a few %
     of a 400 ms step of compute; ``dl_slow``/``opt_slow`` = (rank, factor, from step)."""
     from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
@@ -1119,13 +1119,14 @@ def _long_steps(topo: Topology, steps: int, seed: int, dl_slow: tuple[int, float
     for part, slow in ((dl, dl_slow), (opt, opt_slow)):
         if slow:
             part[slow[0], slow[2]:] *= slow[1]
-    busy = comp + dl + opt
+    unt = untimed_ms * MS * np.exp(0.1 * rng.standard_normal((n, steps)))
+    busy = comp + dl + opt + unt
     step = np.broadcast_to(busy.max(axis=0) * 1.2, (n, steps))
     rk, st = np.meshgrid(np.arange(n), np.arange(steps), indexing="ij")
     cols = {"rank": rk.ravel(), "step": st.ravel(), "step_ns": step.ravel(), "comm_ns": (step - busy).ravel(),
             "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(), "compute_ns": comp.ravel(),
             "dataloader_ns": dl.ravel(), "optimizer_ns": opt.ravel(), "other_ns": 0.0,
-            "untimed_ns": 0.0, "wait_caused_ns": 0.0, "num_last_arrivals": 0, "num_collectives": 10,
+            "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0, "num_collectives": 10,
             "compute_cpu_ns": 0, "optimizer_cpu_ns": 0}
     return pd.DataFrame(cols)[list(BREAKDOWN_COLUMNS)]
 
@@ -1214,3 +1215,39 @@ def test_a_slow_pipeline_link_seen_on_3_of_8_receives_is_named(delayed, named):
     found = detect_stragglers("t", topo, bd, _pipeline_receives(delayed))
     links = [(f.kind, f.group_id) for f in found]
     assert links == ([(FindingKind.SLOW_LINK, "pp.dp1.tp0")] if named else []), found
+
+
+def _behind_a_straggler(seed: int, offset: bool) -> pd.DataFrame:
+    """dp4 x pp2: rank 1 (stage 0) computes 1.4x from step 8; rank 5, its next stage,
+    waits for it outside traced ops: 90 ms more untimed host work a step, offset by
+    as much less compute (``offset``) or on top of its own work (not offset)."""
+    topo = Topology(dp=4, tp=1, pp=2)
+    bd = _long_steps(topo, 32, seed, untimed_ms=20)
+    slow = ((bd["rank"] == 1) & (bd["step"] >= 8)).to_numpy()
+    extra = bd.loc[slow, "compute_ns"] * 0.4
+    bd.loc[slow, "compute_ns"] += extra
+    bd.loc[slow, "busy_ns"] += extra
+    behind = ((bd["rank"] == 5) & (bd["step"] >= 8)).to_numpy()
+    bd.loc[behind, "untimed_ns"] += 90 * MS
+    if offset:
+        bd.loc[behind, "compute_ns"] -= 90 * MS
+    else:
+        bd.loc[behind, "busy_ns"] += 90 * MS
+    return bd
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_untimed_wait_behind_a_slow_pipeline_neighbour_is_its_secondary_effect(seed):
+    """three-stragglers on the bench (2026-12-07): rank 5, behind 1.4x rank 1, read
+    "untimed host work 3.55x" with its own work 1.006x its peers' (late_arrival, a false
+    straggler). It is rank 1's secondary effect; a rank whose own work grows keeps its
+    finding."""
+    topo = Topology(dp=4, tp=1, pp=2)
+    found = detect_stragglers("t", topo, _behind_a_straggler(seed, True), pd.DataFrame(),
+                              arrival_evidence=_peers_wait)
+    assert [(f.kind, f.ranks) for f in found] == [(FindingKind.SLOW_COMPUTE, (1,))]
+    sec = found[0].evidence["secondary"]
+    assert [(x["kind"], x["ranks"]) for x in sec] == [("late_arrival", [5])], sec
+    found = detect_stragglers("t", topo, _behind_a_straggler(seed, False), pd.DataFrame(),
+                              arrival_evidence=_peers_wait)
+    assert {(f.kind, f.ranks) for f in found} == {(FindingKind.SLOW_COMPUTE, (1,)), (FindingKind.LATE_ARRIVAL, (5,))}

@@ -565,6 +565,7 @@ def detect_stragglers(
             ))
     findings = _one_per_pair(findings, groups, ranks)
     findings = _against_unnamed_peers(findings, groups, ranks, comps, config)
+    findings = _waiting_on_a_pipeline_neighbour(findings, topo, config)
     flagged = {r for f in findings for r in f.ranks}
     findings += _slow_links(job, topo, arrivals, steps, flagged, step_ns, hosts, profile, config)
     return sorted(findings, key=lambda f: (-f.est_slowdown, -f.score))
@@ -1082,6 +1083,43 @@ def _against_unnamed_peers(findings: list[Finding], groups: dict[int, list[int]]
         kept[k] = replace(kept[k], evidence={**kept[k].evidence, "secondary": kept[k].evidence.get(
             "secondary", []) + [as_secondary(f)]})
     return kept if len(kept) < len(findings) else findings
+
+
+def _waiting_on_a_pipeline_neighbour(findings: list[Finding], topo: Topology,
+                                     config: StragglerConfig) -> list[Finding]:
+    """A healthy rank's late arrival that its pipeline neighbour's slowness causes.
+
+    A rank whose previous or next pipeline stage's rank is slow waits for its
+    activations or gradients. Where that wait falls outside traced ops it reads as
+    untimed host work, and the rank's own DP/TP peers then wait on it, so it is late
+    too; but its own work in total is at its peers' (the untimed excess is offset by
+    the work it did not do meanwhile). In ``three-stragglers`` on the bench (2026-12-07)
+    rank 5, whose previous stage's rank 1 ran 1.4x, read "untimed host work 3.55x"
+    with its own work 1.006x its stage peers'. A ``late_arrival`` finding whose own-work
+    factor is below ``1 + min_effect`` and one of whose pipeline neighbours is named on
+    anything else is that neighbour's secondary effect: it goes into the neighbour's
+    ``evidence.secondary``. A rank whose own work is itself above its peers' keeps its
+    finding. O(findings)."""
+    by_rank = {f.ranks[0]: k for k, f in enumerate(findings)
+               if len(f.ranks) == 1 and f.kind in STRAGGLER_KINDS and f.kind != FindingKind.LATE_ARRIVAL}
+    if not by_rank:
+        return findings
+    out = list(findings)
+    drop: set[int] = set()
+    for k, f in enumerate(findings):
+        if f.kind != FindingKind.LATE_ARRIVAL or len(f.ranks) != 1:
+            continue
+        if float(f.evidence.get("own_work_factor", math.inf)) >= 1 + config.min_effect:
+            continue
+        r = f.ranks[0]
+        causes = [by_rank[n] for n in (topo.prev_stage_rank(r), topo.next_stage_rank(r)) if n in by_rank]
+        if not causes:
+            continue
+        c = max(causes, key=lambda j: finding_cost(findings[j]))
+        g = out[c]
+        out[c] = replace(g, evidence={**g.evidence, "secondary": g.evidence.get("secondary", []) + [as_secondary(f)]})
+        drop.add(k)
+    return [f for k, f in enumerate(out) if k not in drop]
 
 
 def _waiting_peers(arr: pd.DataFrame, steps: list[int]) -> dict[int, list[dict]]:
