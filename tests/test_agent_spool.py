@@ -183,3 +183,48 @@ def test_invalid_state_file_version_is_refused(tmp_path):
     (tmp_path / "offsets.json").write_text(json.dumps({"version": 99}))
     with pytest.raises(ValueError, match="version 99"):
         OffsetStore(tmp_path / "offsets.json")
+
+
+def test_an_exited_rank_is_reported_dead_once_its_last_records_are_observed(tmp_path, monkeypatch):
+    """A clean job's ranks exit right after writing their last step. A heartbeat that saw
+    the exits before the agent read those records said 'dead, last step 18' for seven of
+    eight ranks and 19 for one, which the server reads as a crash that left those seven
+    behind (bench, 2026-12-07). The exit is reported once every record is observed."""
+    from fleetscope.agent import ranks as ranks_mod
+    from fleetscope.agent.heartbeats import heartbeat_rows
+    from fleetscope.agent.shipper import note_drained
+
+    tailer, _ = make_tailer(tmp_path)
+    ranks = tailer.ranks
+    ranks.shipping = True
+    d = spool.rank_dir(tmp_path / "spool", "j", 3)
+    spool.write_rank_info(d, {"pid": 2**22 + 1, "host": "", "local_rank": 3})  # above pid_max: no such process
+    append(d / spool.segment_name(0), steps_frame("j", 3, range(5)))
+
+    def beat() -> tuple[bool, int]:
+        (row,) = [r for r in heartbeat_rows("h", "", "n", 0, ranks) if r["rank"] == 3]
+        return row["alive"], row["last_step"]
+
+    frames = tailer.read(1 << 20)
+    assert beat() == (True, -1)  # exited, but its records are not read yet
+    note_drained(ranks, tailer.read_to_end, frames)
+    assert beat() == (True, -1)  # read, not yet observed (waiting to be built into a batch)
+    build_batch("h", frames, ranks)
+    assert tailer.read(1 << 20) == []
+    note_drained(ranks, tailer.read_to_end, [])
+    assert beat() == (False, 4)  # every record observed: dead, with its final step
+
+    # records written after the drain (none can be, the process is gone) or a tailer far
+    # behind: the exit is reported DEATH_DRAIN_MAX_S after it was first seen, whatever
+    d2 = spool.rank_dir(tmp_path / "spool", "j", 4)
+    spool.write_rank_info(d2, {"pid": 2**22 + 2, "host": "", "local_rank": 4})
+    append(d2 / spool.segment_name(0), steps_frame("j", 4, range(3)))
+    tailer.segments()
+    (st,) = [s for s in ranks.all() if s.rank == 4]
+    assert ranks.reported_alive(st)
+    monkeypatch.setattr(ranks_mod, "DEATH_DRAIN_MAX_S", 0.0)
+    assert not ranks.reported_alive(st)
+    # without a shipper the exit is reported as soon as it is seen
+    monkeypatch.setattr(ranks_mod, "DEATH_DRAIN_MAX_S", 30.0)
+    ranks.shipping = False
+    assert not ranks.reported_alive(st)
