@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     """Steps of detailed events each pass loads per job."""
     hang_min_s: float = Field(HangConfig.hang_min_s, ge=1, le=86_400)
     """A hang needs at least this many seconds without a completed step..."""
+    hang_first_step_min_s: float = Field(HangConfig.first_step_min_s, ge=1, le=86_400)
+    """...or, before the job's first completed step, this many (start-up: imports,
+    rendezvous, compilation, a checkpoint's load), unless a rank is blocked in an op or dead."""
     hang_k: float = Field(HangConfig.hang_k, ge=1, le=1000)
     """...and at least this many times the recent p99 step time (also the multiple of the
     recent p99 job-wide op-completion gap in the op-progress rule)."""

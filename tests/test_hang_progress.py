@@ -299,3 +299,31 @@ def test_step_rule_leaves_the_warm_up_step_out_of_its_p99():
     assert stall_threshold_s(steps, CFG) > 50  # the slow first step would dominate the p99
     assert stall_threshold_s(steps, CFG, warmup_step=0) == pytest.approx(30.0)
     assert stall_threshold_s(steps.head(1), CFG, warmup_step=0) == pytest.approx(60.0)  # nothing else yet
+
+
+def _start_up(now_ns, started_ns, inflight, hb):
+    steps = pd.DataFrame(columns=["step", "duration_ns", "end_ns"])
+    return analyse_hang("j", TOPO, now_ns, steps, inflight, hb, pd.DataFrame(columns=["rank", "group_id", "last_seq"]),
+                        started_ns=started_ns, config=CFG)
+
+
+def test_a_job_starting_up_is_not_hung_before_first_step_min_s():
+    """8 ranks starting on 2 loaded cores took over 30 s to their first step, and a clean
+    job was paged as hung "after step -1" with no culprit (bench, 2026-12-07). Before its
+    first step a job is given first_step_min_s, unless a rank is blocked in an op (a hung
+    rendezvous or first collective) or dead."""
+    t0 = 1_000 * S
+    quiet = pd.DataFrame(columns=["rank", "ts_ns", "step", "kind", "op", "group_id", "seq", "peer", "since_ns"])
+    for after in (31, 60, 119):
+        assert not _start_up(t0 + after * S, t0, quiet, _hb(t0 + after * S)).stalled, after
+    late = _start_up(t0 + 121 * S, t0, quiet, _hb(t0 + 121 * S))
+    assert late.stalled and late.threshold_s == CFG.first_step_min_s
+    # ranks waiting in their first collective for 31 s: the usual 30 s
+    now = t0 + 31 * S
+    blocked = _start_up(now, t0, _hang_inflight(now, since_ns=t0 + S), _hb(now))
+    assert blocked.stalled and blocked.threshold_s == CFG.hang_min_s and list(blocked.culprits) == [3], blocked
+    # a rank process gone before the first step: dead_rank_min_s
+    now = t0 + 40 * S
+    hb = _hb(now, dead=(5,)).assign(dead_since_ns=now - 10 * S)
+    dead = _start_up(now, t0, quiet, hb)
+    assert dead.stalled and dead.threshold_s == CFG.dead_rank_min_s, dead

@@ -48,6 +48,12 @@ every ~0.5 s) died first."""
 class HangConfig:
     hang_min_s: float = 30.0
     """Never call a stall a hang before this many seconds without a completed step."""
+    first_step_min_s: float = 120.0
+    """...nor a job that has completed no step yet before this many seconds, unless a rank
+    is blocked in an op or dead: start-up (imports, rendezvous, compilation, a checkpoint's
+    load) is not a stall. 8 ranks starting on 2 loaded cores took over 30 s to their first
+    step, and a clean job was paged as hung "after step -1" with no culprit (bench,
+    2026-12-07)."""
     hang_k: float = 5.0
     """...or before this many times the recent p99 step time, if longer."""
     inflight_stale_s: float = 10.0
@@ -694,6 +700,8 @@ def analyse_hang(
     else:  # both from one read of the frames
         facts = _rank_facts(topo, inflight, heartbeats, now_ns, config)
         states, last_known = _states_of(facts, False), _states_of(facts, True)
+    if last_step < 0 and not _any_in(states, *IN_OP):  # starting up: see first_step_min_s
+        threshold = max(threshold, config.first_step_min_s)
     if _all_in(states, RankStateKind.DEAD):
         died = sorted(st.since_ns for st in states.values())
         seen = sorted((last_seen or {}).get(r) or st.since_ns for r, st in states.items())

@@ -60,6 +60,7 @@ class DiagnosisSettings(Protocol):
 
     diagnosis_window_steps: int
     hang_min_s: float
+    hang_first_step_min_s: float
     hang_k: float
     hang_op_min_s: float
     silent_s: float
@@ -69,7 +70,8 @@ def config_from_settings(settings: DiagnosisSettings) -> DiagnosisConfig:
     """Detector thresholds from the server settings (whose defaults are the detectors')."""
     return DiagnosisConfig(
         stragglers=StragglerConfig(window_steps=settings.diagnosis_window_steps),
-        hang=HangConfig(hang_min_s=settings.hang_min_s, hang_k=settings.hang_k,
+        hang=HangConfig(hang_min_s=settings.hang_min_s, first_step_min_s=settings.hang_first_step_min_s,
+                        hang_k=settings.hang_k,
                         hang_op_min_s=settings.hang_op_min_s),
         silent_s=settings.silent_s,
     )
