@@ -490,7 +490,6 @@ def _frame(topo: Topology, steps: int, sigma: float, seed: int, slow: tuple[int,
     large job: compute with lognormal noise ``sigma`` (3x on one host's ranks), every rank
     2x slow in the middle third of the steps (machine load), a data loader with
     exponential stalls, optional ``slow`` = (rank, factor, from step) on compute."""
-    from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
 
     rng = np.random.default_rng(seed)
     n = topo.world_size
@@ -504,8 +503,17 @@ def _frame(topo: Topology, steps: int, sigma: float, seed: int, slow: tuple[int,
     dl = 5 * MS * (1 + rng.exponential(0.3, (n, steps))) * phase
     opt = 4 * MS * np.exp(0.1 * rng.standard_normal((n, steps))) * phase
     unt = 1 * MS * np.exp(0.3 * rng.standard_normal((n, steps)))
+    return _breakdown(comp, dl, opt, unt, 1.5)
+
+
+def _breakdown(comp: np.ndarray, dl: np.ndarray, opt: np.ndarray, unt: np.ndarray, step_over_max: float) -> pd.DataFrame:
+    """A breakdown frame from (ranks x steps) matrices of each part; every rank's step is
+    ``step_over_max`` x the slowest rank's own work, the rest spent in communication."""
+    from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
+
+    n, steps = comp.shape
     busy = comp + dl + opt + unt
-    step = np.broadcast_to(busy.max(axis=0) * 1.5, (n, steps))
+    step = np.broadcast_to(busy.max(axis=0) * step_over_max, (n, steps))
     rk, st = np.meshgrid(np.arange(n), np.arange(steps), indexing="ij")
     cols = {"rank": rk.ravel(), "step": st.ravel(), "step_ns": step.ravel(), "comm_ns": (step - busy).ravel(),
             "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(), "compute_ns": comp.ravel(),
@@ -1109,8 +1117,6 @@ def _long_steps(topo: Topology, steps: int, seed: int, dl_slow: tuple[int, float
                 opt_slow: tuple[int, float, int] | None = None, untimed_ms: float = 0.0) -> pd.DataFrame:
     """A breakdown frame whose data loader (10 ms, bursty) and optimizer (8 ms) are a few %
     of a 400 ms step of compute; ``dl_slow``/``opt_slow`` = (rank, factor, from step)."""
-    from fleetscope.server.diagnosis.breakdown import BREAKDOWN_COLUMNS
-
     rng = np.random.default_rng(seed)
     n = topo.world_size
     comp = 400 * MS * np.exp(0.05 * rng.standard_normal((n, steps)))
@@ -1120,15 +1126,7 @@ def _long_steps(topo: Topology, steps: int, seed: int, dl_slow: tuple[int, float
         if slow:
             part[slow[0], slow[2]:] *= slow[1]
     unt = untimed_ms * MS * np.exp(0.1 * rng.standard_normal((n, steps)))
-    busy = comp + dl + opt + unt
-    step = np.broadcast_to(busy.max(axis=0) * 1.2, (n, steps))
-    rk, st = np.meshgrid(np.arange(n), np.arange(steps), indexing="ij")
-    cols = {"rank": rk.ravel(), "step": st.ravel(), "step_ns": step.ravel(), "comm_ns": (step - busy).ravel(),
-            "wait_ns": (step - busy).ravel(), "busy_ns": busy.ravel(), "compute_ns": comp.ravel(),
-            "dataloader_ns": dl.ravel(), "optimizer_ns": opt.ravel(), "other_ns": 0.0,
-            "untimed_ns": unt.ravel(), "wait_caused_ns": 0.0, "num_last_arrivals": 0, "num_collectives": 10,
-            "compute_cpu_ns": 0, "optimizer_cpu_ns": 0}
-    return pd.DataFrame(cols)[list(BREAKDOWN_COLUMNS)]
+    return _breakdown(comp, dl, opt, unt, 1.2)
 
 
 def _peers_wait(ranks: list[int], steps: list[int]) -> dict[int, dict]:
