@@ -52,7 +52,7 @@ def heartbeat_rows(host: str, ip: str, node: str, num_gpus: int, ranks: RankRegi
     rows = [{**base, "job": jobs[0] if len(jobs) == 1 else "", "rank": -1, "local_rank": -1}]
     for s in states:
         rows.append({**base, "job": s.job, "rank": s.rank, "local_rank": s.local_rank,
-                     "pid": s.pid, "alive": ranks.reported_alive(s),
+                     "pid": s.pid, "alive": ranks.writer_alive(s),
                      "last_record_ns": s.last_record_ns, "last_step": s.last_step,
                      "inflight_op": current_inflight(s), "acked_through_ns": s.acked_through_ns})
     return rows

@@ -18,9 +18,6 @@ from fleetscope import spool
 
 INFO_RECHECK_S = 0.5
 """How often a rank's ``rank.json`` is looked at again (it changes when a rank restarts)."""
-DEATH_DRAIN_MAX_S = 30.0
-"""The longest a rank's death goes unreported while its spool is still being read (a
-tailer far behind, e.g. with the server down, reports it after this anyway)."""
 
 
 @dataclass
@@ -44,10 +41,6 @@ class RankState:
     yet): the server certifies the rank's silence only up to here."""
     info_mtime_ns: int = -1
     info_checked: float = 0.0
-    dead_seen: float = 0.0
-    """Monotonic time a heartbeat first found the process gone (0: alive)."""
-    drained_at: float = 0.0
-    """Monotonic time the shipper last found every record of the rank read and observed."""
 
 
 def pid_alive(pid: int) -> bool:
@@ -84,8 +77,6 @@ class RankRegistry:
         self.host = host or socket.gethostname()
         self._lock = threading.Lock()
         self._ranks: dict[tuple[str, int], RankState] = {}
-        self.shipping = False
-        """Set by the shipper: a death is reported once the rank's spool is read (:meth:`reported_alive`)."""
 
     def get(self, job: str, rank: int, directory: Path) -> RankState:
         key = (job, rank)
@@ -108,34 +99,6 @@ class RankRegistry:
         if st.pid <= 0 or (st.host and st.host != self.host):
             return True
         return pid_alive(st.pid)
-
-    def reported_alive(self, st: RankState) -> bool:
-        """What a heartbeat says of the rank's process.
-
-        A process that exited is reported dead only once the shipper has read and observed
-        everything it wrote, so the same heartbeat's ``last_step`` is its final one. The
-        server judges a job whose ranks all died with some behind the others as a crash of
-        those (rank 0's takes everyone down at once); a job that ended normally read that
-        way when the heartbeat saw the exits before the agent read the final steps (bench,
-        2026-12-07: a clean 2x2x2 job, seven ranks' last step 18 in the store and one's 19,
-        paged as a hang of those seven). Without a shipper (or past
-        ``DEATH_DRAIN_MAX_S``) the exit is reported as seen."""
-        if self.writer_alive(st):
-            st.dead_seen = 0.0
-            return True
-        if not self.shipping:
-            return False
-        now = time.monotonic()
-        with self._lock:
-            if st.dead_seen <= 0.0:
-                st.dead_seen = now
-            return st.drained_at < st.dead_seen and now - st.dead_seen < DEATH_DRAIN_MAX_S
-
-    def drained(self, job: str, rank: int, directory: Path) -> None:
-        """The shipper found every record of the rank read and observed (its spool at its end)."""
-        st = self.get(job, rank, directory)
-        with self._lock:
-            st.drained_at = time.monotonic()
 
     def observe(self, job: str, rank: int, directory: Path, record: str, last_ns: int,
                 last_step: int = -1, inflight: tuple[int, str] | None = None) -> None:

@@ -82,16 +82,6 @@ class ShipStats:
     last_ack_ns: int = -1
 
 
-def note_drained(ranks: RankRegistry, read_to_end: list[tuple[str, int, Path]], waiting: list[ReadFrame]) -> None:
-    """Ranks whose spool a read found at its end and none of whose frames wait to be
-    built into a batch: every record of theirs is observed (a heartbeat may now report
-    their exit, :meth:`.RankRegistry.reported_alive`)."""
-    held = {(f.segment.job, f.segment.rank) for f in waiting}
-    for job, rank, directory in read_to_end:
-        if (job, rank) not in held:
-            ranks.drained(job, rank, directory)
-
-
 class Shipper:
     def __init__(self, *, host: str, tailer: SpoolTailer, offsets: OffsetStore,
                  transport: Transport, clock: ClockSync, retention: Retention,
@@ -181,15 +171,6 @@ class Shipper:
 
     # -- builder -----------------------------------------------------------------------
     def _build_loop(self) -> None:
-        if self.ranks is not None:
-            self.ranks.shipping = True
-        try:
-            self._build()
-        finally:
-            if self.ranks is not None:
-                self.ranks.shipping = False
-
-    def _build(self) -> None:
         frames: list[ReadFrame] = []
         size = 0
         first = 0.0
@@ -205,8 +186,6 @@ class Shipper:
                     log.info("shipped %d records in %d batches; backlog %d bytes",
                              cur[0], cur[1], self.retention.stats.unacked_bytes)
             got = self.tailer.read(self.batch_bytes - size) if size < self.batch_bytes else []
-            if self.ranks is not None and size < self.batch_bytes:
-                note_drained(self.ranks, self.tailer.read_to_end, frames)
             if got:
                 if not frames:
                     first = now - _written_ago_s(got)

@@ -65,9 +65,6 @@ class SpoolTailer:
         self.grace_ns = int(dead_writer_grace_s * 1e9)
         self._pos: dict[str, tuple[int, int]] = {}
         self._rotate = 0
-        self.read_to_end: list[tuple[str, int, Path]] = []
-        """(job, rank, directory) of the rank sources the last :meth:`read` found with
-        nothing after their read positions (before it read anything)."""
 
     # -- discovery ---------------------------------------------------------------------
     def sources(self) -> list[tuple[str, Path, str, int]]:
@@ -144,8 +141,6 @@ class SpoolTailer:
         for s in segs:
             by_source.setdefault(s.key.rsplit("/", 1)[0], []).append(s)
         keys = list(by_source)
-        self.read_to_end = [(v[0].job, v[0].rank, v[0].path.parent) for v in by_source.values()
-                            if v[0].rank >= 0 and all(self.position(x) >= x.size for x in v)]
         if not keys:
             return []
         self._rotate = (self._rotate + 1) % len(keys)
