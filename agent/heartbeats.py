@@ -1,8 +1,9 @@
 """Heartbeats: every ``heartbeat_s`` one row for the host and one per local rank.
 
 A rank row says whether the rank's process is alive (pid from ``rank.json``), the time
-of its last spool record, its last step, the op it is blocked in right now (from the
-hooks' ``inflight`` records) and up to which in-flight record the server has
+of its last spool record, its last step (once the process is gone, the last step in its
+spool, whether or not the shipper has read it yet), the op it is blocked in right now
+(from the hooks' ``inflight`` records) and up to which in-flight record the server has
 acknowledged every record of the rank (``acked_through_ns``: the shipper's acknowledged
 prefix, which the hang pass needs because batches may be stored out of order). A rank
 that died shows ``alive = 0`` in the next heartbeat; a host whose heartbeats stop is
@@ -51,9 +52,10 @@ def heartbeat_rows(host: str, ip: str, node: str, num_gpus: int, ranks: RankRegi
     jobs = sorted({s.job for s in states if ranks.writer_alive(s)})
     rows = [{**base, "job": jobs[0] if len(jobs) == 1 else "", "rank": -1, "local_rank": -1}]
     for s in states:
+        alive = ranks.writer_alive(s)
         rows.append({**base, "job": s.job, "rank": s.rank, "local_rank": s.local_rank,
-                     "pid": s.pid, "alive": ranks.writer_alive(s),
-                     "last_record_ns": s.last_record_ns, "last_step": s.last_step,
+                     "pid": s.pid, "alive": alive,
+                     "last_record_ns": s.last_record_ns, "last_step": ranks.heartbeat_step(s, alive),
                      "inflight_op": current_inflight(s), "acked_through_ns": s.acked_through_ns})
     return rows
 

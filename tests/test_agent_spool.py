@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 from fleetscope.agent.batch import batch_key, build_batch, frames_for_ranges
 from fleetscope.agent.offsets import OffsetStore, Pending, Range
 from fleetscope.agent.outbox import Outbox
-from fleetscope.agent.ranks import RankRegistry
+from fleetscope.agent.heartbeats import heartbeat_rows
+from fleetscope.agent.ranks import INFO_RECHECK_S, RankRegistry, spool_final_step
 from fleetscope.agent.tailer import SpoolTailer, scan_frames
 
 from fleetscope import codec, spool
@@ -162,6 +166,44 @@ def test_batch_fills_empty_host_and_tracks_rank_liveness(tmp_path):
     assert (st.rank, st.local_rank, st.last_step) == (2, 2, 4)
     assert st.inflight_op == "collective:all_reduce dp.pp0.tp0 seq=17"
     assert ranks.writer_alive(st)
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()  # reaped: the pid names no process
+    return p.pid
+
+
+def test_a_dead_ranks_heartbeat_reports_the_last_step_in_its_spool(tmp_path):
+    """A heartbeat that sees a rank's exit before the shipper read its final steps reports
+    the spool's last step (the server waits for the store to hold it before judging who
+    fell behind), and the exit at once."""
+    tailer, _ = make_tailer(tmp_path)
+    d = spool.rank_dir(tmp_path / "spool", "j", 1)
+    spool.write_rank_info(d, {"pid": os.getpid(), "host": "", "local_rank": 1})
+    append(d / spool.segment_name(0), steps_frame("j", 1, range(5)))
+    ranks = tailer.ranks
+    build_batch("h", tailer.read(1 << 20), ranks)  # the shipper has read steps 0-4
+    inflight = codec.rows_to_table(record_type("inflight"), [{
+        "job": "j", "rank": 1, "ts_ns": 900, "step": 9, "kind": "idle", "since_ns": 900}])
+    append(d / spool.segment_name(0), steps_frame("j", 1, range(5, 8)), b"FSP1-damaged-bytes")
+    append(d / spool.segment_name(1), steps_frame("j", 1, range(8, 10)),
+           spool.encode_frame(codec.table_to_ipc(inflight, compression=None)))
+
+    def row() -> dict:
+        (r,) = [x for x in heartbeat_rows("h", "", "", 0, ranks, ts_ns=1) if x["rank"] == 1]
+        return r
+
+    assert (row()["alive"], row()["last_step"]) == (True, 4)  # alive: what was read
+    spool.write_rank_info(d, {"pid": _dead_pid(), "host": "", "local_rank": 1})
+    time.sleep(INFO_RECHECK_S + 0.1)
+    assert (row()["alive"], row()["last_step"]) == (False, 9)  # gone: its spool's last step
+    assert spool_final_step(d) == 9 and spool_final_step(tmp_path / "none") == -1
+    # a restarted rank (a new process) whose new segment holds no step yet: the one before it
+    append(d / spool.segment_name(2), spool.encode_frame(codec.table_to_ipc(inflight, compression=None)))
+    spool.write_rank_info(d, {"pid": _dead_pid(), "host": "", "local_rank": 1})
+    time.sleep(INFO_RECHECK_S + 0.1)
+    assert (row()["alive"], row()["last_step"]) == (False, 9)
 
 
 def test_outbox_segments_rotate_and_are_tailed(tmp_path):
