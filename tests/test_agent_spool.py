@@ -10,9 +10,9 @@ import time
 
 import pytest
 from fleetscope.agent.batch import batch_key, build_batch, frames_for_ranges
+from fleetscope.agent.heartbeats import heartbeat_rows
 from fleetscope.agent.offsets import OffsetStore, Pending, Range
 from fleetscope.agent.outbox import Outbox
-from fleetscope.agent.heartbeats import heartbeat_rows
 from fleetscope.agent.ranks import INFO_RECHECK_S, RankRegistry, spool_final_step
 from fleetscope.agent.tailer import SpoolTailer, scan_frames
 
