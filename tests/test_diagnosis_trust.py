@@ -1249,3 +1249,30 @@ def test_untimed_wait_behind_a_slow_pipeline_neighbour_is_its_secondary_effect(s
     found = detect_stragglers("t", topo, _behind_a_straggler(seed, False), pd.DataFrame(),
                               arrival_evidence=_peers_wait)
     assert {(f.kind, f.ranks) for f in found} == {(FindingKind.SLOW_COMPUTE, (1,)), (FindingKind.LATE_ARRIVAL, (5,))}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_burst_of_untimed_host_work_is_named_only_once_it_holds(seed):
+    """The step's residual (untimed host work) takes every wait outside traced ops, so a
+    few steps of it far above the peers' are the host's as often as the rank's (two clean
+    twins on the bench, 2026-12-07: one rank's untimed work 2.9-3.9x for 3-5 steps). A
+    ``late_arrival`` is named once it has held ``recent_steps`` (8) steps; a 4-step burst
+    of a timed section (compute 1.3x) is named at once."""
+    topo = Topology(dp=4, tp=1, pp=2)
+    for length, named in ((4, False), (7, False), (10, True)):
+        bd = _long_steps(topo, 24, seed, untimed_ms=20.0)
+        hit = ((bd["rank"] == 6) & (bd["step"] >= 24 - length)).to_numpy()
+        extra = 2.0 * bd.loc[hit, "untimed_ns"]
+        bd.loc[hit, ["untimed_ns", "busy_ns"]] = bd.loc[hit, ["untimed_ns", "busy_ns"]].add(extra, axis=0)
+        found = detect_stragglers("t", topo, bd, pd.DataFrame(), arrival_evidence=_peers_wait)
+        want = [(FindingKind.LATE_ARRIVAL, (6,))] if named else []
+        assert [(f.kind, f.ranks) for f in found] == want, (seed, length, found)
+        if named:
+            assert found[0].factor == pytest.approx(3.0, rel=0.1) and found[0].evidence["judged_steps"] >= 8
+    # a timed section's burst, over 4 steps: named at once
+    bd = _long_steps(topo, 24, seed, untimed_ms=20.0)
+    hit = ((bd["rank"] == 6) & (bd["step"] >= 20)).to_numpy()
+    extra = 0.3 * bd.loc[hit, "compute_ns"]
+    bd.loc[hit, ["compute_ns", "busy_ns"]] = bd.loc[hit, ["compute_ns", "busy_ns"]].add(extra, axis=0)
+    found = detect_stragglers("t", topo, bd, pd.DataFrame(), arrival_evidence=_peers_wait)
+    assert [(f.kind, f.ranks) for f in found] == [(FindingKind.SLOW_COMPUTE, (6,))], (seed, found)

@@ -491,6 +491,9 @@ def detect_stragglers(
                 # moved across a section boundary): the rank's own work is not slower by
                 # it, nor is the rank late to its peers' collectives - nobody waits on it
                 continue
+            if kind == FindingKind.LATE_ARRIVAL and not _residual_persists(
+                    _log_ratio(comps[comp][i], comp_refs[comp][i]), n, config):
+                continue
             if comp not in comp_sigma:  # own work's pick of a component not tested alone
                 comp_sigma[comp] = _row_sigma(_log_ratio(comps[comp], comp_refs[comp]))
             factor = _factor(comps[comp][i, -n:], comp_refs[comp][i, -n:])
@@ -572,6 +575,27 @@ def detect_stragglers(
 
 
 SCAN_LENGTHS = (3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+
+
+def _residual_persists(lr: np.ndarray, n: int, config: StragglerConfig) -> bool:
+    """Whether a finding on the step's residual (untimed or other host work: the
+    ``late_arrival`` kind) has held long enough to be the rank's.
+
+    The residual takes every wait outside traced ops - for a core on a loaded host, for
+    a pipeline neighbour's activations - so a few steps of it far above the peers' are
+    the host's as often as the rank's: on the bench (2026-12-07) two clean twins each
+    read one rank's untimed work 2.9-3.9x for 3-5 steps, and a straggler's 2-rank-stage
+    partner read 16x for 7 steps, a pass before the straggler itself was named. Unlike a
+    timed section's, the residual's finding is made only once it has held over
+    ``recent_steps`` since its onset (``n``: the judged steps), its median at least
+    ``min_effect`` and ``persist_frac`` of the steps above half of that. A real
+    late-arriving rank is named ``recent_steps`` steps after its onset at the earliest;
+    none of the timed kinds waits. O(n)."""
+    if n < config.recent_steps or lr.size < n:
+        return False
+    run = lr[-n:]
+    med = float(np.median(run))
+    return med >= math.log1p(config.min_effect) and float(np.mean(run > med / 2)) >= config.persist_frac
 
 
 def _run_lengths(num_steps: int, config: StragglerConfig) -> list[int]:
