@@ -957,7 +957,7 @@ def test_a_finding_is_judged_again_without_the_stragglers_named_before_it():
     compute[[4, 7]] *= 1.5
     untimed = 30 * MS * noise[::-1]
     untimed[[4, 7]] = 10 * MS
-    comps = {"compute_ns": compute, "untimed_ns": untimed}
+    comps = {"compute_ns": compute, "untimed_ns": untimed, "busy_ns": compute + untimed}
     groups = {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}
     ranks = list(range(8))
 
@@ -973,6 +973,7 @@ def test_a_finding_is_judged_again_without_the_stragglers_named_before_it():
     assert "secondary" not in out[1].evidence
 
     untimed[6] *= 2  # rank 6 does twice the untimed work of rank 5, its one unnamed peer
+    comps["busy_ns"] = compute + untimed
     out = _against_unnamed_peers([strag4, strag7, *victims], groups, ranks, comps, StragglerConfig())
     assert [f.ranks for f in out] == [(4,), (7,), (6,)]
     # a stage without a named rank is left as it was
@@ -1238,17 +1239,17 @@ def _behind_a_straggler(seed: int, offset: bool) -> pd.DataFrame:
 def test_untimed_wait_behind_a_slow_pipeline_neighbour_is_its_secondary_effect(seed):
     """three-stragglers on the bench (2026-12-07): rank 5, behind 1.4x rank 1, read
     "untimed host work 3.55x" with its own work 1.006x its peers' (late_arrival, a false
-    straggler). It is rank 1's secondary effect; a rank whose own work grows keeps its
-    finding."""
+    straggler); in the other seed 1.09x, the wait on top of its own work. Either way it
+    is rank 1's secondary effect: its timed work is at its peers' (a rank whose timed
+    work grows too keeps its finding:
+    :func:`test_healthy_ranks_beside_stragglers_are_not_late_arrivals`)."""
     topo = Topology(dp=4, tp=1, pp=2)
-    found = detect_stragglers("t", topo, _behind_a_straggler(seed, True), pd.DataFrame(),
-                              arrival_evidence=_peers_wait)
-    assert [(f.kind, f.ranks) for f in found] == [(FindingKind.SLOW_COMPUTE, (1,))]
-    sec = found[0].evidence["secondary"]
-    assert [(x["kind"], x["ranks"]) for x in sec] == [("late_arrival", [5])], sec
-    found = detect_stragglers("t", topo, _behind_a_straggler(seed, False), pd.DataFrame(),
-                              arrival_evidence=_peers_wait)
-    assert {(f.kind, f.ranks) for f in found} == {(FindingKind.SLOW_COMPUTE, (1,)), (FindingKind.LATE_ARRIVAL, (5,))}
+    for offset in (True, False):
+        found = detect_stragglers("t", topo, _behind_a_straggler(seed, offset), pd.DataFrame(),
+                                  arrival_evidence=_peers_wait)
+        assert [(f.kind, f.ranks) for f in found] == [(FindingKind.SLOW_COMPUTE, (1,))], offset
+        sec = found[0].evidence["secondary"]
+        assert [(x["kind"], x["ranks"]) for x in sec] == [("late_arrival", [5])], sec
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -1276,3 +1277,54 @@ def test_a_burst_of_untimed_host_work_is_named_only_once_it_holds(seed):
     bd.loc[hit, ["compute_ns", "busy_ns"]] = bd.loc[hit, ["compute_ns", "busy_ns"]].add(extra, axis=0)
     found = detect_stragglers("t", topo, bd, pd.DataFrame(), arrival_evidence=_peers_wait)
     assert [(f.kind, f.ranks) for f in found] == [(FindingKind.SLOW_COMPUTE, (6,))], (seed, found)
+
+
+def _stragglers_and_waits(seed: int, slow: tuple[int, ...], wait_ms: dict[int, float],
+                          compute: dict[int, float] | None = None) -> pd.DataFrame:
+    """dp4 x pp2 with the ``slow`` ranks at 1.4x compute from step 4; the healthy ranks of
+    ``wait_ms`` spend that much more untimed host work a step (waiting outside traced
+    ops), their timed work at their peers' unless ``compute`` gives them a factor."""
+    topo = Topology(dp=4, tp=1, pp=2)
+    rng = np.random.default_rng(seed)
+    n, steps = topo.world_size, 24
+    comp = 400 * MS * np.exp(0.05 * rng.standard_normal((n, steps)))
+    comp[list(slow), 4:] *= 1.4
+    for r, factor in (compute or {}).items():
+        comp[r, 4:] *= factor
+    dl = 10 * MS * np.exp(0.1 * rng.standard_normal((n, steps)))
+    opt = 8 * MS * np.exp(0.1 * rng.standard_normal((n, steps)))
+    unt = 20 * MS * np.exp(0.1 * rng.standard_normal((n, steps)))
+    for r, ms in wait_ms.items():
+        unt[r, 4:] += ms * MS * np.exp(0.05 * rng.standard_normal(steps - 4))
+    return _breakdown(comp, dl, opt, unt, 1.2)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_healthy_ranks_beside_stragglers_are_not_late_arrivals(seed):
+    """``three-stragglers`` on the bench (2026-12-07; dp4 x pp2, ranks 1, 4, 7 at 1.4x):
+    rank 6, healthy in a stage with two stragglers, read "untimed host work" above its
+    one unnamed peer's (rank 5) while its own work in total was not; and rank 5, whose
+    previous pipeline stage's rank 1 is a straggler, waited for it in untimed host work
+    (own work 1.09x a median of mostly stragglers, timed work at its peers'). Neither is
+    a finding of its own; rank 5's is rank 1's secondary effect. A late arrival must show
+    its own work in total above its unnamed peers', not just its untimed part."""
+    topo = Topology(dp=4, tp=1, pp=2)
+    bd = _stragglers_and_waits(seed, (1, 4, 7), {5: 200.0, 6: 90.0})
+    found = detect_stragglers("t", topo, bd, pd.DataFrame(), arrival_evidence=_peers_wait)
+    assert sorted((f.kind, f.ranks) for f in found) == [(FindingKind.SLOW_COMPUTE, (r,)) for r in (1, 4, 7)], found
+    r1 = next(f for f in found if f.ranks == (1,))
+    assert [x["ranks"] for x in r1.evidence.get("secondary", [])] == [[5]]
+    # rank 6's untimed work 4x its unnamed peer rank 5's, offset by less compute: its own
+    # work in total is at rank 5's, so it is not late by any work of its own
+    bd = _stragglers_and_waits(seed, (1, 4, 7), {6: 60.0}, {6: 0.85})
+    found = detect_stragglers("t", topo, bd, pd.DataFrame(), arrival_evidence=_peers_wait)
+    assert sorted((f.kind, f.ranks) for f in found) == [(FindingKind.SLOW_COMPUTE, (r,)) for r in (1, 4, 7)], found
+    # one straggler, rank 1: its pipeline neighbour's wait is its secondary effect...
+    bd = _stragglers_and_waits(seed, (1,), {5: 150.0})
+    found = detect_stragglers("t", topo, bd, pd.DataFrame(), arrival_evidence=_peers_wait)
+    assert [(f.kind, f.ranks) for f in found] == [(FindingKind.SLOW_COMPUTE, (1,))], found
+    assert [x["ranks"] for x in found[0].evidence["secondary"]] == [[5]]
+    # ...unless the neighbour's own timed work is above its peers' too (compute 1.1x)
+    bd = _stragglers_and_waits(seed, (1,), {5: 150.0}, {5: 1.1})
+    found = detect_stragglers("t", topo, bd, pd.DataFrame(), arrival_evidence=_peers_wait)
+    assert sorted(f.ranks for f in found) == [(1,), (5,)], found

@@ -567,7 +567,7 @@ def detect_stragglers(
                 f"steps ~{pause_ns / 1e6:.0f} ms longer",
             ))
     findings = _one_per_pair(findings, groups, ranks)
-    findings = _against_unnamed_peers(findings, groups, ranks, comps, config)
+    findings = _against_unnamed_peers(findings, groups, ranks, {**comps, "busy_ns": busy}, config)
     findings = _waiting_on_a_pipeline_neighbour(findings, topo, config)
     flagged = {r for f in findings for r in f.ranks}
     findings += _slow_links(job, topo, arrivals, steps, flagged, step_ns, hosts, profile, config)
@@ -1077,8 +1077,13 @@ def _against_unnamed_peers(findings: list[Finding], groups: dict[int, list[int]]
     :func:`_mirror_rank`), a finding whose stage holds a rank named before it stands
     only if its component is still at least ``min_effect`` above the median of the
     stage's ranks named by nothing yet kept, over the same judged steps; with no such
-    peer left it cannot be told from them and is dropped. Only the few named ranks are looked at again: O(findings x stage size x
-    judged steps)."""
+    peer left it cannot be told from them and is dropped. A ``late_arrival`` (on the
+    step's residual, which grows by what the rank did not do meanwhile) must also show
+    its own work in total (``comps["busy_ns"]``) that far above theirs: in
+    ``three-stragglers`` on the bench (2026-12-07) rank 6, healthy beside two
+    stragglers, read "untimed host work" above its one unnamed peer's by noise while its
+    own work was 0.94x its stage's median. Only the few named ranks are looked at again:
+    O(findings x stage size x judged steps)."""
     if len(findings) < 2:
         return findings
     pos = {r: i for i, r in enumerate(ranks)}
@@ -1095,7 +1100,9 @@ def _against_unnamed_peers(findings: list[Finding], groups: dict[int, list[int]]
             named.add(i)
             continue
         free = [j for j in peers if j not in named]
-        if free and _factor(comps[comp][i, -n:], np.median(comps[comp][free, -n:], axis=0)) >= 1 + config.min_effect:
+        tested = [comp, "busy_ns"] if f.kind == FindingKind.LATE_ARRIVAL else [comp]
+        if free and all(_factor(comps[c][i, -n:], np.median(comps[c][free, -n:], axis=0)) >= 1 + config.min_effect
+                        for c in tested):
             kept.append(f)
             named.add(i)
             continue
@@ -1119,11 +1126,14 @@ def _waiting_on_a_pipeline_neighbour(findings: list[Finding], topo: Topology,
     too; but its own work in total is at its peers' (the untimed excess is offset by
     the work it did not do meanwhile). In ``three-stragglers`` on the bench (2026-12-07)
     rank 5, whose previous stage's rank 1 ran 1.4x, read "untimed host work 3.55x"
-    with its own work 1.006x its stage peers'. A ``late_arrival`` finding whose own-work
-    factor is below ``1 + min_effect`` and one of whose pipeline neighbours is named on
-    anything else is that neighbour's secondary effect: it goes into the neighbour's
-    ``evidence.secondary``. A rank whose own work is itself above its peers' keeps its
-    finding. O(findings)."""
+    with its own work 1.006x its stage peers'. A ``late_arrival`` finding one of whose
+    pipeline neighbours is named on anything else is that neighbour's secondary effect,
+    and goes into the neighbour's ``evidence.secondary``, when its own work is within
+    ``min_effect`` of its peers' or its timed work (compute, data loading, optimizer) is:
+    its excess is then all in the residual, where a wait for the neighbour lands. (In
+    the same scenario's other seed rank 5 read own work 1.09x, against a median of stage
+    peers two of which were stragglers, with its timed work at theirs.) A rank whose
+    timed work is itself above its peers' keeps its finding. O(findings)."""
     by_rank = {f.ranks[0]: k for k, f in enumerate(findings)
                if len(f.ranks) == 1 and f.kind in STRAGGLER_KINDS and f.kind != FindingKind.LATE_ARRIVAL}
     if not by_rank:
@@ -1133,7 +1143,8 @@ def _waiting_on_a_pipeline_neighbour(findings: list[Finding], topo: Topology,
     for k, f in enumerate(findings):
         if f.kind != FindingKind.LATE_ARRIVAL or len(f.ranks) != 1:
             continue
-        if float(f.evidence.get("own_work_factor", math.inf)) >= 1 + config.min_effect:
+        if float(f.evidence.get("own_work_factor", math.inf)) >= 1 + config.min_effect and not _timed_at_peers(
+                f, config):
             continue
         r = f.ranks[0]
         causes = [by_rank[n] for n in (topo.prev_stage_rank(r), topo.next_stage_rank(r)) if n in by_rank]
@@ -1144,6 +1155,21 @@ def _waiting_on_a_pipeline_neighbour(findings: list[Finding], topo: Topology,
         out[c] = replace(g, evidence={**g.evidence, "secondary": g.evidence.get("secondary", []) + [as_secondary(f)]})
         drop.add(k)
     return [f for k, f in enumerate(out) if k not in drop]
+
+
+TIMED_PARTS = ("compute", "dataloader", "optimizer")
+"""The timed sections' parts of own work (keys of ``evidence.components_excess_ms``)."""
+
+
+def _timed_at_peers(f: Finding, config: StragglerConfig) -> bool:
+    """The finding's timed work (compute + data loading + optimizer) exceeds its peers' by
+    less than ``min_effect`` of their own work (read from its evidence)."""
+    ev = f.evidence
+    parts = ev.get("components_excess_ms") or {}
+    if "peer_busy_ms" not in ev or not parts:
+        return False
+    excess = sum(float(parts.get(c, 0.0)) for c in TIMED_PARTS)
+    return excess < config.min_effect * float(ev["peer_busy_ms"])
 
 
 def _waiting_peers(arr: pd.DataFrame, steps: list[int]) -> dict[int, list[dict]]:
