@@ -1328,3 +1328,32 @@ def test_healthy_ranks_beside_stragglers_are_not_late_arrivals(seed):
     bd = _stragglers_and_waits(seed, (1,), {5: 150.0}, {5: 1.1})
     found = detect_stragglers("t", topo, bd, pd.DataFrame(), arrival_evidence=_peers_wait)
     assert sorted(f.ranks for f in found) == [(1,), (5,)], found
+
+
+@pytest.mark.parametrize("rank", [1, 6])
+def test_whatif_of_a_new_straggler_is_played_on_the_steps_since_its_onset(rank):
+    """Three steps after a 1.5x straggler's onset, the what-if over the default window
+    (the latest 8 steps, five of them before the onset) said 0.4-2% where the steps since
+    then say 15-32% (on the bench, 2026-12-07: 2.4% rising to 5% over five steps, so the
+    5% alert rule paged late or never). With ``profile_for`` the finding's what-if is
+    played on its judged steps: within 25% of what the full post-onset window says."""
+    job = SynthJob(noise=0.05, num_steps=30, compute_factor=lambda r, s, c=rank: 1.5 if r == c and s >= 10 else 1.0)
+    f = job.build()
+    bd, arr = rank_step_breakdown(f["sections"], f["collectives"], f["steps"])
+
+    def profile(b: pd.DataFrame, a: pd.DataFrame, k: int):
+        steps = sorted(b["step"].unique())[-k:]
+        return profile_from_frames(job.topo, job.num_mb, b[b.step.isin(steps)],
+                                   f["sections"][f["sections"].step.isin(steps)], a[a.step.isin(steps)])
+
+    def est(upto: int, per_finding: bool) -> float:
+        b, a = bd[bd.step <= upto], arr[arr.step <= upto]
+        found = detect_stragglers("t", job.topo, b, a, profile(b, a, 8),
+                                  profile_for=(lambda k: profile(b, a, k)) if per_finding else None)
+        (mine,) = [x for x in found if x.ranks == (rank,)]
+        return mine.est_slowdown
+
+    settled = est(29, True)
+    assert settled == est(29, False) > 0.1  # judged on 8 steps or more: the default window
+    assert est(12, True) == pytest.approx(settled, rel=0.25)
+    assert est(12, False) < 0.25 * settled  # the default window, mostly before the onset

@@ -217,8 +217,17 @@ def diagnose(info: JobInfo, frames: JobFrames, now_ns: int,
     # evidence (lateness: do peers wait on it?) from the reductions instead
     evidence = (None if red is None
                 else lambda ranks, steps: reduced_arrival_evidence(red, bd, ranks, steps))
+    profiles: dict[int, StepProfile | None] = {}
+
+    def profile_for(num_steps: int) -> StepProfile | None:
+        """The profile over the latest ``num_steps`` steps (a finding since a recent onset)."""
+        if num_steps not in profiles:
+            profiles[num_steps] = (build_profile_reduced(info, red, bd, arr, num_steps) if red is not None
+                                   else build_profile(info, frames, bd, arr, num_steps))
+        return profiles[num_steps]
+
     findings = detect_stragglers(info.job, topo, bd, arr, profile, hosts, config.stragglers,
-                                 arrival_evidence=evidence)
+                                 arrival_evidence=evidence, profile_for=profile_for)
     if red is not None:
         add_arrival_evidence(findings, red, bd, config.stragglers)
         findings += detect_mismatches(info.job, red.mismatch_rows)

@@ -323,6 +323,7 @@ def detect_stragglers(
     hosts: dict[int, str] | None = None,
     config: StragglerConfig = StragglerConfig(),
     arrival_evidence: Callable[[list[int], list[int]], dict[int, dict]] | None = None,
+    profile_for: Callable[[int], StepProfile | None] | None = None,
 ) -> list[Finding]:
     """Persistent stragglers, GC-like pauses and slow links in the latest window.
 
@@ -337,6 +338,13 @@ def detect_stragglers(
         arrival_evidence: (ranks, steps) -> per-rank arrival evidence (last-arrival
             share, median lateness, peers' wait), where ``arrivals`` has no per-op rows
             (the reduced path); None: computed from ``arrivals``.
+        profile_for: k -> the what-if profile over the latest k complete steps. A
+            finding judged on fewer steps since its onset than ``profile`` spans
+            (``recent_steps``) gets its estimated slowdown from the profile over those
+            steps: the older steps of the default window predate the slowdown, and the
+            what-if played on them understated it (bench, 2026-12-07: a 1.5x straggler
+            read 2.4% three steps after its onset and crossed the 5% alert rule only
+            five steps later). None: ``profile`` for every finding.
 
     Returns:
         Findings, strongest first.
@@ -532,7 +540,10 @@ def detect_stragglers(
                         sequential={"statistic": round(float(seq.stat[i]), 3),
                                     "threshold": round(float(seq.threshold[i]), 3),
                                     "change_step": steps[int(seq.onset[i])], "flagged": bool(seq.hit[i])})
-            f = _finding(job, kind, [r], score, first, steps[-1], hosts, profile,
+            prof = profile
+            if profile_for is not None and profile is not None and n < k:
+                prof = profile_for(n) or profile
+            f = _finding(job, kind, [r], score, first, steps[-1], hosts, prof,
                          excess_ns / max(step_ns, 1.0), base, "", suspects=suspects)
             summary = _summary(topo, r, COMPONENT_NAME[comp], factor, f.est_slowdown,
                                None if slow is None else (int(slow.sum()), n))
