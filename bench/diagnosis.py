@@ -843,12 +843,14 @@ def detector_timing(world: int = 12_288, steps: int = 32, repeat: int = 3) -> in
     per-rank-per-step frame of ``world`` ranks (tp4 x pp2 x dp) and ``steps`` steps (the detector
     judges the latest 24): compute
     with lognormal noise 0.1 (0.3 on one host's 8 ranks), every rank 2x slow for the middle
-    third, a 1.2x compute straggler on rank 1001 from step ``steps // 4``. Exit 1 when the
-    straggler is not the only finding."""
+    third, a 1.2x compute straggler on rank 1001 from step ``steps // 4``. Then the same with
+    a new 1.5x straggler on rank 2002 over the last 4 steps besides: a finding judged on that
+    few steps makes the detector check the window one step earlier too (``confirm_steps``),
+    the pass's worst case. Exit 1 when the stragglers are not the only findings."""
     import numpy as np
     import pandas as pd
     from _shared import breakdown_frame  # a sibling: bench/ is on sys.path
-    from fleetscope.server.diagnosis.stragglers import detect_stragglers
+    from fleetscope.server.diagnosis.stragglers import StragglerConfig, detect_stragglers
 
     from fleetscope.topology import Topology
 
@@ -860,17 +862,34 @@ def detector_timing(world: int = 12_288, steps: int = 32, repeat: int = 3) -> in
     phase[steps // 3: 2 * steps // 3] = 2.0
     comp = 30e6 * np.exp(sig * rng.standard_normal((world, steps))) * phase
     comp[1001 % world, steps // 4:] *= 1.2
-    bd = breakdown_frame(comp, rng, phase)
-    times, found = [], []
+    fresh = comp.copy()
+    fresh[2002 % world, steps - 4:] *= 1.5
+    ok = True
+    for label, frame, want in (("one straggler since step %d" % (steps // 4), breakdown_frame(comp, rng, phase),
+                                {1001 % world}),
+                               ("and a new one over the last 4 steps", breakdown_frame(fresh, rng, phase),
+                                {1001 % world, 2002 % world})):
+        times, found = [], []
+        for _ in range(max(repeat, 1)):
+            t = time.perf_counter()
+            found = detect_stragglers("timing", topo, frame, pd.DataFrame())
+            times.append(time.perf_counter() - t)
+        times.sort()
+        print(f"{world} ranks x {steps} steps, {label}: detect_stragglers min {times[0]:.2f} s, "
+              f"median {times[len(times) // 2]:.2f} s over {len(times)} passes; findings "
+              f"{[(f.kind.value, f.ranks, f.factor) for f in found]}; load average "
+              f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+        ok &= sorted(f.ranks for f in found) == sorted((r,) for r in want)
+    # the second frame without the confirmation (the detector before it), for the ratio
+    off = []
     for _ in range(max(repeat, 1)):
         t = time.perf_counter()
-        found = detect_stragglers("timing", topo, bd, pd.DataFrame())
-        times.append(time.perf_counter() - t)
-    times.sort()
-    print(f"{world} ranks x {steps} steps: detect_stragglers min {times[0]:.2f} s, median {times[len(times) // 2]:.2f} s "
-          f"over {len(times)} passes; findings {[(f.kind.value, f.ranks, f.factor) for f in found]}; "
-          f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    return 0 if [f.ranks for f in found] == [(1001 % world,)] else 1
+        detect_stragglers("timing", topo, frame, pd.DataFrame(), config=StragglerConfig(confirm_steps=0))
+        off.append(time.perf_counter() - t)
+    off.sort()
+    print(f"  the same without the confirming pass (confirm_steps=0): median {off[len(off) // 2]:.2f} s; "
+          f"with it / without: {times[len(times) // 2] / off[len(off) // 2]:.2f}")
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
