@@ -865,7 +865,7 @@ def detector_timing(world: int = 12_288, steps: int = 32, repeat: int = 3) -> in
     fresh = comp.copy()
     fresh[2002 % world, steps - 4:] *= 1.5
     ok = True
-    for label, frame, want in (("one straggler since step %d" % (steps // 4), breakdown_frame(comp, rng, phase),
+    for label, frame, want in ((f"one straggler since step {steps // 4}", breakdown_frame(comp, rng, phase),
                                 {1001 % world}),
                                ("and a new one over the last 4 steps", breakdown_frame(fresh, rng, phase),
                                 {1001 % world, 2002 % world})):

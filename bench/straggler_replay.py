@@ -20,6 +20,14 @@ the replay anywhere):
   reported factor against the injected one, and every finding of the clean twin over
   all its passes (false findings).
 
+* ``suite``: the same replay over every straggler run and clean twin that
+  ``bench/diagnosis.py --keep`` left in its work directory, with the detector's default
+  configuration and with each ``--compare`` setting (e.g. ``confirm_steps=0``, the
+  detector before the short-run confirmation) side by side: per configuration, the clean
+  twins with a straggler-kind finding on some pass (``host_contention``, the host's doing,
+  counted apart as in the suite), false findings of faulty runs (a rank that is not a
+  culprit), culprits never named, and the passes (steps) from onset to naming.
+
 What it leaves out: the pipeline's own delay (agent shipping, ingest, the 2 s diagnosis
 tick and the pass's own time), which ``bench/diagnosis.py`` measures through a real
 server. This is the statistics' share of "named <= 15 s after onset" on real timings.
@@ -27,8 +35,10 @@ server. This is the statistics' share of "named <= 15 s after onset" on real tim
     .venv/bin/python bench/straggler_replay.py                         # run + replay, temp dir
     .venv/bin/python bench/straggler_replay.py run --out DIR --case 6:1.2:0 --case 1:1.2:1
     .venv/bin/python bench/straggler_replay.py replay DIR
+    .venv/bin/python bench/straggler_replay.py suite /tmp/fleetscope-bench-diag-XXXX --compare confirm_steps=0
 
-Exit 1 (replay) when a clean twin has a finding, or a case's culprit is never named.
+Exit 1 (replay) when a clean twin has a finding, or a case's culprit is never named; (suite)
+when the default configuration has a false finding or never names a culprit.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # siblings: diagnosis.py
 import diagnosis as suite  # noqa: E402  (bench/diagnosis.py: model, layout, spool readers)
@@ -214,12 +225,109 @@ def replay(out: Path) -> int:
     return 1 if bad else 0
 
 
+def _suite_job(run_dir: Path, sc: Any, clean: bool, configs: dict[str, Any]) -> dict[str, dict]:
+    """Every pass of one kept suite run, per configuration: the steps at which each
+    culprit is first named and every other finding (rank, kind)."""
+    import pandas as pd  # noqa: F401  (the breakdown's frames)
+    from fleetscope.server.diagnosis.breakdown import rank_step_breakdown
+    from fleetscope.server.diagnosis.findings import FindingKind
+    from fleetscope.server.diagnosis.stragglers import detect_stragglers
+
+    from fleetscope.topology import Topology
+
+    dp, tp, pp = sc.layout
+    topo = Topology(dp=dp, tp=tp, pp=pp)
+    job = next(p.name for p in run_dir.iterdir() if p.is_dir() and p.name.startswith("bench-"))
+    f = suite.spool_frames(run_dir, job, topo.world_size)
+    bd, arr = rank_step_breakdown(f["sections"], f["collectives"], f["steps"])
+    culprits = set() if clean else set(sc.culprits)
+    out: dict[str, dict] = {}
+    for label, cfg in configs.items():
+        named: dict[int, int] = {}
+        false: list[tuple[int, str, int]] = []
+        for n in range(cfg.min_steps, int(bd["step"].max()) + 2):
+            for x in detect_stragglers(job, topo, bd[bd["step"] < n], arr[arr["step"] < n], config=cfg):
+                if x.kind == FindingKind.SLOW_LINK and not clean:  # a group: names its culprit among its ranks
+                    for r in culprits & set(x.ranks) if n > sc.onset_step else ():
+                        named.setdefault(r, n - sc.onset_step)
+                    continue
+                r = x.ranks[0]
+                if r in culprits and n > sc.onset_step:
+                    named.setdefault(r, n - sc.onset_step)
+                else:
+                    false.append((n, x.kind.value, r))
+        out[label] = {"named": named, "false": false, "missed": sorted(culprits - set(named))}
+    return out
+
+
+def replay_suite(work: Path, compare: list[str]) -> int:
+    """:func:`replay_job`'s pass-by-pass replay over a kept ``bench/diagnosis.py`` work dir."""
+    import dataclasses
+
+    from fleetscope.server.diagnosis.stragglers import StragglerConfig
+
+    configs: dict[str, Any] = {"default": StragglerConfig()}
+    for spec in compare:
+        key, _, value = spec.partition("=")
+        field = {f.name: f for f in dataclasses.fields(StragglerConfig)}.get(key)
+        if field is None or not value:
+            raise SystemExit(f"--compare {spec!r}: expected FIELD=VALUE with FIELD a StragglerConfig field")
+        configs[spec] = dataclasses.replace(StragglerConfig(), **{key: type(getattr(StragglerConfig(), key))(value)})
+    runs = sorted(p for p in (work / "spool").iterdir() if p.is_dir()) if (work / "spool").is_dir() else []
+    if not runs:
+        raise SystemExit(f"{work}: no spool/ of a kept bench/diagnosis.py run (run it with --keep)")
+    by_name = {s.name: s for s in suite.SCENARIOS}
+    tally = {label: {"clean": 0, "clean_hc": 0, "clean_runs": 0, "false_faulty": 0, "missed": [], "delays": []}
+             for label in configs}
+    print(f"replaying {len(runs)} kept runs pass by pass (a pass after every step); load {os.getloadavg()[0]:.1f}",
+          flush=True)
+    for run_dir in runs:
+        base = run_dir.name.rsplit("-s", 1)[0]
+        clean = base.endswith("-clean")
+        sc = by_name.get(base[:-len("-clean")] if clean else base)
+        if sc is not None and not sc.inject:  # the suite's fault-free scenario
+            clean = True
+        if sc is None or not (clean or sc.expect_kinds & suite.STRAGGLER):
+            continue
+        res = _suite_job(run_dir, sc, clean, configs)
+        cells = []
+        for label, r in res.items():
+            t = tally[label]
+            kinds = {k for _, k, _ in r["false"]}
+            if clean:
+                t["clean_runs"] += 1
+                t["clean"] += bool(kinds - {"host_contention"})
+                t["clean_hc"] += kinds == {"host_contention"}
+            else:
+                t["false_faulty"] += bool(r["false"])
+                t["missed"] += [f"{run_dir.name}:{c}" for c in r["missed"]]
+                t["delays"] += list(r["named"].values())
+            first = sorted({(k, rank) for _, k, rank in r["false"]})
+            cells.append(f"{label}: named {dict(sorted(r['named'].items()))} false {len(r['false'])} "
+                         f"{first[:3]}")
+        print(f"{run_dir.name:<34} " + " | ".join(cells), flush=True)
+    for label, t in tally.items():
+        d = sorted(t["delays"])
+        med = d[len(d) // 2] if d else math.nan
+        print(f"{label}: clean twins with a straggler finding on some pass {t['clean']}/{t['clean_runs']} "
+              f"(host_contention only: {t['clean_hc']}); faulty runs with a finding on a non-culprit "
+              f"{t['false_faulty']}; culprits never named {len(t['missed'])} {t['missed']}; onset -> named "
+              f"median {med} steps, mean {sum(d) / max(len(d), 1):.2f} over {len(d)}")
+    t = tally["default"]
+    return 1 if t["clean"] or t["false_faulty"] or t["missed"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
     r = sub.add_parser("run", help="run the trainer cases (no server) into --out")
     p = sub.add_parser("replay", help="replay the detector over a run's spools")
     p.add_argument("dir", type=Path, help="the --out of a run")
+    q = sub.add_parser("suite", help="replay the detector over a kept bench/diagnosis.py work dir")
+    q.add_argument("work", type=Path, help="the work directory bench/diagnosis.py --keep left")
+    q.add_argument("--compare", action="append", default=[], metavar="FIELD=VALUE",
+                   help="also replay with this StragglerConfig field changed (repeatable), "
+                        "e.g. confirm_steps=0")
     for q in (ap, r):
         q.add_argument("--case", action="append", type=parse_case, default=None,
                        help="RANK:FACTOR:SEED[:DPxTPxPP], repeatable (default "
@@ -232,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "replay":
         return replay(a.dir)
+    if a.cmd == "suite":
+        return replay_suite(a.work, a.compare)
     cases = a.case or [parse_case(c) for c in DEFAULT_CASES]
     if a.steps < ONSET + 12:
         ap.error(f"--steps {a.steps}: needs at least {ONSET + 12} (onset at step {ONSET})")

@@ -92,3 +92,40 @@ def test_a_bad_case_is_a_usage_error_naming_it(replay, text, says):
     with pytest.raises(argparse.ArgumentTypeError, match=says.replace(".", r"\.")):
         replay.parse_case(text)
     assert replay.parse_case("3:1.2:2:2x1x4").layout == (2, 1, 4)
+
+
+def _kept_run(replay, work: Path, tag: str, job: SynthJob) -> None:
+    """A run as ``bench/diagnosis.py --keep`` leaves it: ``spool/<tag>/bench-<...>/``."""
+    _spool(work / "spool" / tag, job)
+
+
+def test_suite_replays_a_kept_work_dir_with_and_without_a_setting(replay, tmp_path, capsys):
+    sc = next(s for s in replay.suite.SCENARIOS if s.name == "compute-stage1")
+    (culprit,) = sc.culprits
+    topo = Topology(*sc.layout)
+    _kept_run(replay, tmp_path, "compute-stage1-s0", SynthJob(
+        topo=topo, num_steps=30, noise=0.05, seed=3, job="bench-compute-stage1-s0-1",
+        compute_factor=lambda r, s: 1.5 if r == culprit and s >= sc.onset_step else 1.0))
+    _kept_run(replay, tmp_path, "compute-stage1-clean-s0", SynthJob(
+        topo=topo, num_steps=30, noise=0.05, seed=3, job="bench-compute-stage1-clean-s0-1"))
+    assert replay.replay_suite(tmp_path, ["confirm_steps=0"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split(":")[0]: line for line in out.splitlines() if "clean twins with" in line}
+    assert set(lines) == {"default", "confirm_steps=0"}, out
+    for line in lines.values():
+        assert "clean twins with a straggler finding on some pass 0/1" in line and "never named 0" in line, line
+    # the confirmation names a new straggler one step later than the window alone
+    named = {label: int(line.split("onset -> named median ")[1].split()[0]) for label, line in lines.items()}
+    assert named["default"] == named["confirm_steps=0"] + 1, out
+
+    with pytest.raises(SystemExit, match="no_such_field"):
+        replay.replay_suite(tmp_path, ["no_such_field=1"])
+    with pytest.raises(SystemExit, match="no spool"):
+        replay.replay_suite(tmp_path / "missing", [])
+
+
+def test_suite_fails_when_a_kept_runs_culprit_is_never_named(replay, tmp_path):
+    sc = next(s for s in replay.suite.SCENARIOS if s.name == "compute-stage1")
+    _kept_run(replay, tmp_path, "compute-stage1-s0", SynthJob(
+        topo=Topology(*sc.layout), num_steps=24, noise=0.05, seed=1, job="bench-compute-stage1-s0-1"))
+    assert replay.replay_suite(tmp_path, []) == 1

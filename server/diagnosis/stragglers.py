@@ -159,9 +159,10 @@ class StragglerConfig:
     window that ends this many steps earlier (the same detector on the steps before the
     latest): a short run that one more step can make or break is not yet a straggler. On a
     loaded host a rank's clocks jump for 2-4 steps at a time (its steps are not independent),
-    and a pass that happened to end inside such a burst named it; replayed at every step,
-    the suite's clean runs of 2026-12-07 had such short findings in 6 of 38 (the real
-    server's fewer passes saw none of them), gone with this check. 0: off."""
+    and a pass that happened to end inside such a burst named it. Replayed with a pass after
+    every step (``bench/straggler_replay.py suite``), the clean twins of the suite run of
+    2026-12-07 with a straggler finding went from 7 of 38 to 5 (2 of them a pinned rank's
+    real asymmetry), at one step more from onset to naming (median 5). 0: off."""
 
 
 def stage_log_ratios(topo: Topology, bd: pd.DataFrame, column: str = "compute_ns",
