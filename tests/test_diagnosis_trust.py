@@ -1389,3 +1389,21 @@ def test_whatif_of_a_new_straggler_is_played_on_the_steps_since_its_onset(rank):
     assert settled == est(29, False) > 0.1  # judged on 8 steps or more: the default window
     assert est(13, True) == pytest.approx(settled, rel=0.25)
     assert est(13, False) < 0.5 * settled  # the default window, half of it before the onset
+
+
+def test_a_dropped_short_finding_does_not_hide_its_groups_slow_link():
+    """A slow link is not named where a member is named (the member is the story); a
+    member's short-run finding that the window before does not confirm is dropped, and
+    must not take its group's slow link with it (the suite's slow-pp-link s1 on aaa3cc9:
+    the link never named, a 5-step finding on its receiving rank at the end)."""
+    gid = "tp.pp0.dp1"  # ranks 2 and 3
+    job = SynthJob(noise=0.03, num_steps=24,
+                   link_factor=lambda g, s: 8.0 if g == gid and s >= 6 else 1.0,
+                   compute_factor=lambda r, s: 1.6 if r == 3 and s >= 21 else 1.0)
+    f = job.build()
+    bd, arr = rank_step_breakdown(f["sections"], f["collectives"], f["steps"])
+    alone = detect_stragglers("t", job.topo, bd, arr, config=StragglerConfig(confirm_steps=0))
+    assert (FindingKind.SLOW_COMPUTE, (3,)) in [(x.kind, x.ranks) for x in alone]  # 3 steps: named...
+    assert FindingKind.SLOW_LINK not in [x.kind for x in alone]  # ...and its group is its story
+    found = detect_stragglers("t", job.topo, bd, arr)
+    assert [(x.kind, x.group_id) for x in found] == [(FindingKind.SLOW_LINK, gid)], found

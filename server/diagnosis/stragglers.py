@@ -362,35 +362,44 @@ def detect_stragglers(
     Returns:
         Findings, strongest first.
     """
-    findings = _detect(job, topo, breakdown, arrivals, profile, hosts, config, arrival_evidence, profile_for)
+    hosts = hosts or {}
+    findings, steps, step_ns = _detect(job, topo, breakdown, arrivals, profile, hosts, config,
+                                       arrival_evidence, profile_for)
+    if len(steps) < config.min_steps:
+        return []
     short = [f for f in findings if f.kind in STRAGGLER_KINDS
              and int(f.evidence.get("judged_steps") or 0) < config.recent_steps]
-    if not short or config.confirm_steps <= 0:
-        return findings
-    # only now (a new slowdown is being judged: none on a healthy job) the detector runs
-    # again, on the window that ends confirm_steps earlier
-    upto = int(breakdown["step"].max()) + 1 - config.confirm_steps
-    before = breakdown[breakdown["step"] < upto]
-    if not arrivals.empty and "step" in arrivals.columns:
-        arrivals = arrivals[arrivals["step"] < upto]
-    earlier = _detect(job, topo, before, arrivals, None, hosts, config, arrival_evidence, None)
-    held = {f.ranks[0] for f in earlier if f.kind in STRAGGLER_KINDS}
-    unconfirmed = {id(f) for f in short if f.ranks[0] not in held}
-    return [f for f in findings if id(f) not in unconfirmed]
+    if short and config.confirm_steps > 0:
+        # only now (a new slowdown is being judged: none on a healthy job) the detector
+        # runs again, on the window that ends confirm_steps earlier
+        upto = int(breakdown["step"].max()) + 1 - config.confirm_steps
+        arr_before = arrivals
+        if not arrivals.empty and "step" in arrivals.columns:
+            arr_before = arrivals[arrivals["step"] < upto]
+        earlier, _, _ = _detect(job, topo, breakdown[breakdown["step"] < upto], arr_before, None, hosts,
+                                config, arrival_evidence, None)
+        held = {f.ranks[0] for f in earlier if f.kind in STRAGGLER_KINDS}
+        unconfirmed = {id(f) for f in short if f.ranks[0] not in held}
+        findings = [f for f in findings if id(f) not in unconfirmed]
+    # links last: a group with a named member is that member's story, and a rank finding
+    # dropped above must not hide its group's slow link
+    flagged = {r for f in findings for r in f.ranks}
+    findings += _slow_links(job, topo, arrivals, steps, flagged, step_ns, hosts, profile, config)
+    return sorted(findings, key=lambda f: (-f.est_slowdown, -f.score))
 
 
 def _detect(job: str, topo: Topology, breakdown: pd.DataFrame, arrivals: pd.DataFrame,
-            profile: StepProfile | None, hosts: dict[int, str] | None, config: StragglerConfig,
+            profile: StepProfile | None, hosts: dict[int, str], config: StragglerConfig,
             arrival_evidence: Callable[[list[int], list[int]], dict[int, dict]] | None,
-            profile_for: Callable[[int], StepProfile | None] | None) -> list[Finding]:
-    """:func:`detect_stragglers` on one window, without the confirmation."""
-    hosts = hosts or {}
+            profile_for: Callable[[int], StepProfile | None] | None) -> tuple[list[Finding], list[int], float]:
+    """The rank findings of one window (no confirmation, no links), its steps and its
+    median step time (ns)."""
     if CPU_COMPONENT not in breakdown.columns:  # a frame from before the CPU clock: not measured
         breakdown = breakdown.assign(**{CPU_COMPONENT: 0})
     bd = _window(breakdown[breakdown["rank"].between(0, topo.world_size - 1)], config.window_steps)
     steps = sorted(bd["step"].unique().tolist())
     if len(steps) < config.min_steps:
-        return []
+        return [], steps, 0.0
     ranks = sorted(bd["rank"].unique().tolist())
     groups = _stage_groups(topo, ranks)
     grid = _Grid(bd, ranks, steps)
@@ -615,9 +624,7 @@ def _detect(job: str, topo: Topology, breakdown: pd.DataFrame, arrivals: pd.Data
     findings = _one_per_pair(findings, groups, ranks)
     findings = _against_unnamed_peers(findings, groups, ranks, {**comps, "busy_ns": busy}, config)
     findings = _waiting_on_a_pipeline_neighbour(findings, topo, config)
-    flagged = {r for f in findings for r in f.ranks}
-    findings += _slow_links(job, topo, arrivals, steps, flagged, step_ns, hosts, profile, config)
-    return sorted(findings, key=lambda f: (-f.est_slowdown, -f.score))
+    return findings, steps, step_ns
 
 
 SCAN_LENGTHS = (3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
