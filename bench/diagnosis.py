@@ -36,6 +36,7 @@ scenario class and overall with Wilson 95% lower bounds, hang/crash culprit accu
     .venv/bin/python bench/diagnosis.py --sweep          # detection floor vs timing noise (synthetic)
     .venv/bin/python bench/diagnosis.py --pass-sweep --seeds 4   # steps to a finding, pass by pass (synthetic)
     .venv/bin/python bench/diagnosis.py --detector-timing 12288   # pure straggler pass at 12,288 ranks
+    .venv/bin/python bench/finding_split.py WORK   # after --keep: onset -> finding as evidence / ingest / serve
 
 Exit status 1 when a target is missed.
 """
@@ -1071,7 +1072,7 @@ def summarize(pairs: list[tuple[Scenario, Result]]) -> int:
         if peers:
             print(f"  peers' compute, faulty / clean: median {sorted(peers)[len(peers) // 2]:.3f} "
                   f"(range {min(peers):.3f}-{max(peers):.3f}); below 1: the fault freed CPU for its peers")
-    fast = [r.to_finding_s for sc, r in pairs if sc.factor >= 1.2 and sc.expect_kinds & SC | {"slow_dataloader"}
+    fast = [r.to_finding_s for sc, r in pairs if sc.factor >= 1.2 and sc.expect_kinds & (SC | {"slow_dataloader"})
             and not r.clean and r.to_finding_s is not None]
     if fast:
         med = sorted(fast)[len(fast) // 2]
