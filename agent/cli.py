@@ -103,11 +103,13 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     from fleetscope.agent.daemon import Agent
+    from fleetscope.agent.priority import raise_priority
 
     cfg = build_config(args)
     logging.basicConfig(level=getattr(logging, args.log_level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    raise_priority(cfg.nice)  # before the agent's threads start: they inherit it
     cfg.spool.mkdir(parents=True, exist_ok=True)
     agent = Agent(cfg)
 

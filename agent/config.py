@@ -8,6 +8,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetscope.agent.priority import NICE_MAX, NICE_MIN
+
 from fleetscope import env
 from fleetscope.dataclass_cli import flag
 
@@ -141,6 +143,11 @@ class AgentConfig:
     """Keep fully acked sealed segments until the budget needs the space (oldest first)."""
     dead_writer_grace_s: float = 5.0
     """A segment whose writer process is gone and that has not changed this long is sealed."""
+    nice: int = field(default=-5, metadata=flag("--nice", metavar="N"))
+    """CPU priority of the agent's threads and, when it leads its own session, of its
+    autogroup (-20..19; lower runs first). Below 0 needs root / CAP_SYS_NICE, otherwise
+    it is left as started and the log says so; 0 leaves it as started. Keeps the agent
+    shipping on time beside a job that saturates the CPUs; see docs/agent.md, "CPU priority"."""
     control_poll_s: float = 2.0
     """How often the jobs' instrumentation levels are fetched from the server (runtime
     control; the hooks apply a change within their 0.5 s poll, so within ~2.5 s)."""
@@ -159,6 +166,8 @@ class AgentConfig:
             raise ConfigError("compression", self.compression, "must be zstd, lz4 or none")
         if self.budget_policy not in ("keep", "drop-oldest"):
             raise ConfigError("budget_policy", self.budget_policy, "must be keep or drop-oldest")
+        if not NICE_MIN <= self.nice <= NICE_MAX:
+            raise ConfigError("nice", self.nice, f"must be in {NICE_MIN}..{NICE_MAX}")
         for name in ("batch_bytes", "in_flight", "rejected_max_bytes"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, getattr(self, name), "must be positive")

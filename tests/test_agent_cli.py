@@ -58,6 +58,7 @@ def test_flags_reach_the_config():
     (("--max-backoff", "0"), "--max-backoff 0.0: must be positive"),
     (("--batch-bytes", "4X"), "bad size '4X'"),
     (("--server", "ftp://x"), "expected an http:// or https:// URL"),
+    (("--nice", "30"), "--nice 30: must be in -20..19"),
 ])  # fmt: skip
 def test_bad_values_name_the_flag(argv, says):
     with pytest.raises(CliError, match=says.replace("(", r"\(").replace(".", r"\.")):
